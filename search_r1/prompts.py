@@ -1,0 +1,54 @@
+"""Prompt templates for the Search-R1 protocol.
+
+The instruction tells the policy the protocol: reason in `<think>`, search with `<search>`, read
+results in `<information>`, answer in `<answer>`. Data files carry the instruction already inside
+`prompt[0].content` (the Search-R1 parquet format), so a model trained here sees the same text at
+evaluation time; `apply_chat_template` turns the messages into token ids for the rollout.
+"""
+from __future__ import annotations
+
+SEARCH_R1_INSTRUCTION = (
+    "Answer the given question. Every time you receive new information, first reason about it "
+    "inside <think> and </think>. If you are missing knowledge, call the search engine with "
+    "<search> query </search>; its top results come back between <information> and "
+    "</information>. You may search as many times as you need. When no more knowledge is needed, "
+    "give only the final answer inside <answer> and </answer>, with no explanation, for example "
+    "<answer> Beijing </answer>. Question: {question}\n"
+)
+
+TOOL_CALL_INSTRUCTION = (
+    "Answer the given question. Reason step by step inside <think> and </think>. To look something "
+    "up, call the search tool by writing "
+    '<tool_call>{{"name": "search", "arguments": {{"query": "..."}}}}</tool_call>; results come back '
+    "between <tool_response> and </tool_response>. When you know the answer, give only the final "
+    "answer inside <answer> and </answer>. Question: {question}\n"
+)
+
+TEMPLATES = {"tags": SEARCH_R1_INSTRUCTION, "tool_call": TOOL_CALL_INSTRUCTION}
+
+
+def make_prompt(question: str, protocol: str = "tags") -> str:
+    """The user message for `question` under `protocol` ("tags" or "tool_call")."""
+    if protocol not in TEMPLATES:
+        raise ValueError(f"unknown protocol {protocol!r}; choose one of {sorted(TEMPLATES)}")
+    q = question.strip()
+    if q and q[-1] != "?":
+        q += "?"
+    return TEMPLATES[protocol].format(question=q)
+
+
+def make_messages(question: str, protocol: str = "tags") -> list[dict]:
+    """Chat messages for the parquet `prompt` column: one user turn holding the instruction."""
+    return [{"role": "user", "content": make_prompt(question, protocol)}]
+
+
+def apply_chat_template(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of `messages` with the generation prompt appended (ChatML for SmolLM2 / Qwen)."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 may return BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+    # A tokenizer without a chat template (base models): plain concatenation of the contents.
+    text = "".join(m["content"] for m in messages)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -1,0 +1,53 @@
+"""Distribution `search-r1-verl`: Search-R1 (RL with a search engine) on verl.
+
+Install for development with `make test` / `make demo` (they create ./.venv). torch is pinned to the
+CPU build found on this machine's disk; a GPU node installs the `gpu` extra (vLLM at the version
+verl's own `vllm` extra pins).
+"""
+from setuptools import find_packages, setup
+
+CORE = [
+    "torch==2.13.0",
+    "verl==0.9.1",
+    "transformers>=5.5.3,<5.11",
+    "tensordict<=0.10.0",
+    "gguf>=0.10",
+    "safetensors>=0.4",
+    "ray[default]>=2.40",
+    "hydra-core>=1.3,<1.4",
+    "omegaconf>=2.3,<2.4",
+    "fastapi>=0.110",
+    "uvicorn>=0.29",
+    "httpx>=0.27",
+    "requests>=2.31",
+    "bm25s>=0.2.10,<0.4",
+    "PyStemmer>=2.2",
+    "faiss-cpu>=1.8,<2",
+    "sentence-transformers>=3.0",
+    "numpy>=1.26",
+    "pandas>=2.0",
+    "pyarrow>=15",
+    "tqdm>=4.66",
+    "matplotlib>=3.8",
+    "tensorboard>=2.15",
+    "psutil>=5.9",
+]
+
+setup(
+    name="search-r1-verl",
+    version="0.1.0",
+    description="Search-R1: train LLMs to reason with a search engine, on verl",
+    packages=find_packages(include=["search_r1", "search_r1.*", "verl_ext", "verl_ext.*",
+                                    "retriever_server", "retriever_server.*"]),
+    python_requires=">=3.10,<3.13",
+    install_requires=CORE,
+    extras_require={
+        "test": ["pytest>=8", "pytest-timeout>=2.3"],
+        "gpu": ["vllm==0.24.0"],
+        "wandb": ["wandb>=0.17"],
+    },
+    entry_points={
+        "verl.plugins": ["search_r1 = verl_ext"],
+        "console_scripts": ["search-r1-retriever = retriever_server.__main__:main"],
+    },
+)
