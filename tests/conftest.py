@@ -7,3 +7,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+# Shared fixtures live in small modules, one per room, so that parallel work does not collide here:
+#   tests/_fixtures/synth.py      `synth_world`: a small generated QA world (corpus + parquet) per session
+#   tests/_fixtures/retriever.py  `retriever_server`: the real HTTP retriever in a subprocess
+pytest_plugins = ["tests._fixtures.synth", "tests._fixtures.retriever"]

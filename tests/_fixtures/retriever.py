@@ -1,0 +1,1 @@
+"""Session fixture `retriever_server` (filled in with the retriever service)."""

@@ -1,0 +1,1 @@
+"""Session fixture `synth_world` (filled in with the synthetic data generator)."""
