@@ -1,0 +1,7 @@
+"""Search engines the rollout talks to: the HTTP retriever client and a canned mock."""
+from search_r1.search.base import SearchEngine, SearchError
+from search_r1.search.format import render_passages
+from search_r1.search.mock import MockSearchEngine
+from search_r1.search.retriever_client import RetrieverClient
+
+__all__ = ["SearchEngine", "SearchError", "RetrieverClient", "MockSearchEngine", "render_passages"]
