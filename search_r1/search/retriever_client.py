@@ -129,13 +129,13 @@ class RetrieverClient(SearchEngine):
         backoff: sleep before retry round r (1-based) is `backoff * 2**(r-1) * U(1, 1.5)` seconds.
         cache_size: LRU entries keyed by (query, topk); 0 disables caching.
         api_key: bearer token; defaults to env `RETRIEVER_API_KEY`.
-        max_batch_size: most queries per POST (the server's limit); larger calls are split.
+        max_batch_size: most queries per POST (the server's `--max-queries`); larger calls are split.
         health_cooldown: seconds a failed URL is tried only after the healthy ones.
     """
 
     def __init__(self, urls: str | list[str], topk: int = 3, timeout: float = 10.0, retries: int = 3,
                  backoff: float = 0.5, cache_size: int = 4096, api_key: str | None = None,
-                 max_batch_size: int = 256, health_cooldown: float = 5.0):
+                 max_batch_size: int = 4096, health_cooldown: float = 5.0):
         url_list = [urls] if isinstance(urls, str) else list(urls or [])
         if not url_list:
             raise ValueError("RetrieverClient needs at least one url, e.g. urls='http://127.0.0.1:8000'")
