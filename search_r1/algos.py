@@ -1,0 +1,306 @@
+"""GRPO advantages, KL estimators and the PPO-clip policy loss: pure tensor functions.
+
+Shape legend: B prompts, G samples per prompt (group size), N = B * G trajectories, L response
+length (tokens), V vocabulary. `mask` / `response_mask` is (N, L), 1 on tokens the policy generated
+and 0 on observation tokens (`<information>` passages, corrective messages) and padding, so those
+contribute nothing to any loss or statistic.
+
+References: GRPO, Shao et al. 2024 (arXiv 2402.03300) eq. 3 (outcome supervision); PPO, Schulman
+et al. 2017 (arXiv 1707.06347) eq. 7; dual-clip PPO, Ye et al. 2019 (arXiv 1912.09729); K3 KL
+estimator, J. Schulman, "Approximating KL divergence" (2020). The numbers match verl 0.9's
+`core_algos` (`compute_grpo_outcome_advantage`, `kl_penalty(..., "low_var_kl")`,
+`compute_policy_loss_vanilla`, `agg_loss`); tests/search_r1/test_algos.py checks that.
+
+Registries (`ADV_ESTIMATORS`, `KL_ESTIMATORS`, `POLICY_LOSSES`, `AGG_MODES`) map config names to
+these functions; an unknown name raises ValueError listing the valid ones.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+STD_MODES = ("population", "unbiased", "none")
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean")
+
+
+def _lookup(registry: dict[str, Any], kind: str, name: str) -> Any:
+    if name not in registry:
+        raise ValueError(f"unknown {kind} {name!r}; valid: {sorted(registry)}")
+    return registry[name]
+
+
+# --------------------------------------------------------------------------- masked reductions
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """sum(x * mask) over `dim` (all if None); values under mask 0 are ignored, even NaN/inf."""
+    x = torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return (x * mask).sum() if dim is None else (x * mask).sum(dim=dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """sum(x * mask) / sum(mask) over `dim` (all if None); 0 where the mask is empty.
+
+    Shapes: x and mask broadcastable, e.g. (N, L); result () or x reduced over `dim`.
+    """
+    denom = mask.sum() if dim is None else mask.sum(dim=dim)
+    return masked_sum(x, mask, dim) / denom.clamp_min(1e-8)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) with the masked mean and unbiased masked variance (all elements).
+
+    Shapes: x, mask (N, L) -> (N, L). Needs at least 2 unmasked elements.
+    """
+    n = mask.sum()
+    if n < 2:
+        raise ValueError(f"masked_whiten needs at least 2 unmasked elements, got {float(n)}")
+    mean = masked_mean(x, mask)
+    var = masked_sum((x - mean) ** 2, mask) / (n - 1)
+    return (x - mean) * torch.rsqrt(var + eps)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits): H = logsumexp(z) - sum(softmax(z) * z).
+
+    Shapes: (..., V) -> (...). Numerically stable for large logits (no log of a softmax).
+    """
+    p = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (p * logits).sum(dim=-1)
+
+
+# --------------------------------------------------------------------------- advantages
+
+
+def _group_ids(uids: Any, n: int) -> torch.Tensor:
+    """Dense group ids (n,) int64 for `uids`: a tensor, a numpy array or a list of hashables."""
+    if isinstance(uids, torch.Tensor):
+        if uids.dim() != 1 or uids.numel() != n:
+            raise ValueError(f"uids must be 1-D with {n} entries (one per score), got shape {tuple(uids.shape)}")
+        return torch.unique(uids, return_inverse=True)[1].reshape(-1)
+    if isinstance(uids, np.ndarray) and uids.dtype != object:
+        if uids.ndim != 1 or uids.shape[0] != n:
+            raise ValueError(f"uids must be 1-D with {n} entries (one per score), got shape {uids.shape}")
+        inverse = np.unique(uids, return_inverse=True)[1]
+    else:  # lists and object arrays (str uids from DataProto): hash once, first-seen numbering
+        items = uids.tolist() if isinstance(uids, np.ndarray) else list(uids)
+        if len(items) != n:
+            raise ValueError(f"uids must have {n} entries (one per score), got {len(items)}")
+        first_seen: dict[Any, int] = {}
+        try:
+            inverse = np.fromiter((first_seen.setdefault(u, len(first_seen)) for u in items), np.int64, n)
+        except TypeError as e:
+            raise ValueError(f"uids must be hashable (str/int), got {type(items[0]).__name__}: {e}") from None
+    return torch.as_tensor(inverse.reshape(-1), dtype=torch.int64)
+
+
+def compute_grpo_advantages(
+    scores: torch.Tensor | Sequence[float],
+    uids: Any,
+    eps: float = 1e-8,
+    std: str = "population",
+) -> torch.Tensor:
+    """GRPO outcome advantage per trajectory, normalized within its prompt group.
+
+        A_i = (r_i - mean_g) / (std_g + eps)       for i in group g = uid_i
+
+    `std` = "population" (divide the squared deviations by n), "unbiased" (by n - 1, as verl's
+    torch.std) or "none" (A_i = r_i - mean_g, Dr. GRPO, arXiv 2503.20783). A group with one member
+    gets A = 0 (no baseline to compare with; verl instead uses mean 0, std 1 there), and a group
+    whose scores are all equal gets exactly 0 (tested as max == min, so rounding in the mean cannot
+    turn into +-1 through a near-zero std).
+
+    Shapes: scores (N,) float, uids (N,) hashables (B distinct values) -> A (N,) in scores' float
+    dtype (float32 for integer input). Vectorized: one unique + scatter pass, no loop over rows.
+    """
+    if std not in STD_MODES:
+        raise ValueError(f"unknown std mode {std!r}; valid: {list(STD_MODES)} (algorithm.grpo_std)")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    r = torch.as_tensor(scores)
+    if not r.is_floating_point():
+        r = r.float()
+    if r.dim() != 1:
+        raise ValueError(f"scores must be 1-D (one scalar per trajectory), got shape {tuple(r.shape)}")
+    n = r.shape[0]
+    gid = _group_ids(uids, n).to(r.device)  # (N,) in [0, n_groups)
+    n_groups = int(gid.max()) + 1 if n else 0
+
+    count = torch.bincount(gid, minlength=n_groups).to(r.dtype)  # (n_groups,)
+    mean = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, gid, r) / count
+    dev = r - mean[gid]  # (N,)
+    gmax = torch.full((n_groups,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce_(0, gid, r, "amax")
+    gmin = torch.full((n_groups,), torch.inf, dtype=r.dtype, device=r.device).scatter_reduce_(0, gid, r, "amin")
+    constant = (gmax == gmin)[gid] | (count == 1)[gid]  # (N,) rows whose advantage is 0
+
+    if std == "none":
+        adv = dev
+    else:
+        sq = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, gid, dev * dev)
+        dof = count - 1 if std == "unbiased" else count
+        group_std = (sq / dof.clamp_min(1)).sqrt()  # (n_groups,)
+        adv = dev / (group_std[gid] + eps)
+    return torch.where(constant, torch.zeros((), dtype=r.dtype, device=r.device), adv)
+
+
+def broadcast_to_tokens(adv: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Token-level advantages: every generated token of trajectory i gets A_i.
+
+    Shapes: adv (N,), response_mask (N, L) -> (N, L), zero where the mask is 0.
+    """
+    if adv.dim() != 1 or response_mask.dim() != 2 or adv.shape[0] != response_mask.shape[0]:
+        raise ValueError(f"need adv (N,) and response_mask (N, L); got {tuple(adv.shape)} and {tuple(response_mask.shape)}")
+    return adv[:, None] * response_mask.to(adv.dtype)  # (N, 1) * (N, L) -> (N, L)
+
+
+# --------------------------------------------------------------------------- KL estimators
+
+
+def k1_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """K1 = logp - ref_logp (unbiased per-token KL(pi || ref) sample, high variance). Shapes (N, L)."""
+    return logp - ref_logp
+
+
+def k2_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """K2 = 0.5 * (logp - ref_logp)^2. Shapes (N, L)."""
+    return 0.5 * (logp - ref_logp).square()
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, clamp: float | None = 10.0) -> torch.Tensor:
+    """K3 (verl's `low_var_kl`): per-token estimate of KL(pi || ref), always >= 0.
+
+        d = clamp(ref_logp - logp, -20, 20)      (exp stays finite)
+        ratio = exp(d) = ref / pi
+        k3 = ratio - log(ratio) - 1 = exp(d) - d - 1, then clamped to [-clamp, clamp]
+
+    The clamps are verl's (20 on the log-ratio, 10 on the result); `clamp=None` skips the second.
+    Shapes: logp, ref_logp (N, L) -> (N, L).
+    """
+    d = (ref_logp - logp).clamp(-20.0, 20.0)
+    k3 = torch.exp(d) - d - 1
+    return k3 if clamp is None else k3.clamp(-clamp, clamp)
+
+
+KL_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
+    "k1": k1_kl,
+    "k2": k2_kl,
+    "k3": k3_kl,
+    "low_var_kl": k3_kl,  # verl's name for K3
+}
+
+
+def get_kl_estimator(name: str) -> Callable[..., torch.Tensor]:
+    """The KL estimator `fn(logp, ref_logp) -> (N, L)` registered as `name`."""
+    return _lookup(KL_ESTIMATORS, "KL estimator (algorithm.kl_type)", name)
+
+
+# --------------------------------------------------------------------------- loss aggregation
+
+
+def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", normalizer: float | torch.Tensor | None = None) -> torch.Tensor:
+    """Reduce a per-token loss (N, L) to a scalar over the tokens where `mask` is 1.
+
+        token-mean           sum_{i,t} m l / T                     T = sum(m) (tokens)
+        token-sum            sum_{i,t} m l
+        seq-mean-token-mean  sum_i [sum_t m l / sum_t m] / S         S = #rows with sum_t m > 0
+        seq-mean-token-sum   sum_i [sum_t m l] / S
+        seq-mean             alias of seq-mean-token-mean (GRPO paper's per-sequence mean)
+
+    `normalizer` replaces T (token-mean) or S (seq-mean-*) when the loss of a micro-batch must be
+    normalized by the count of the whole mini-batch (gradient accumulation) or of all data-parallel
+    ranks; verl's `dp_size`/`batch_num_tokens` equal `normalizer = batch_num_tokens / dp_size`.
+    Rows with an empty mask count for nothing. Shapes: loss_mat, mask (N, L) -> ().
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {list(AGG_MODES)} (actor.loss_agg_mode)")
+    if mode == "token-mean":
+        denom = mask.sum().clamp_min(1e-8) if normalizer is None else normalizer  # empty mask -> 0, not NaN
+        return masked_sum(loss_mat, mask) / denom
+    if mode == "token-sum":
+        return masked_sum(loss_mat, mask)
+    tokens = mask.sum(dim=-1)  # (N,)
+    seq_loss = masked_sum(loss_mat, mask, dim=-1)  # (N,)
+    if mode in ("seq-mean-token-mean", "seq-mean"):
+        seq_loss = seq_loss / (tokens + 1e-8)  # (N,) per-sequence token mean; empty rows stay 0
+    denom = (tokens > 0).sum().clamp_min(1) if normalizer is None else normalizer
+    return seq_loss.sum() / denom
+
+
+# --------------------------------------------------------------------------- policy loss
+
+
+def ppo_clip_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float = 0.2,
+    agg: str = "token-mean",
+    clip_high: float | None = None,
+    clip_ratio_c: float | None = 3.0,
+    normalizer: float | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO clipped surrogate (eq. 7 of arXiv 1707.06347) with dual clip for A < 0, as verl's vanilla loss.
+
+        ratio = exp(clamp(logp - old_logp, -20, 20))
+        l1 = -A * ratio,  l2 = -A * clip(ratio, 1 - clip, 1 + clip_high)
+        l = max(l1, l2)                                    (pessimistic bound)
+        l = min(l, -A * clip_ratio_c)   where A < 0        (dual clip; clip_ratio_c=None disables)
+        loss = agg_loss(l, mask, agg)
+
+    `clip_high` defaults to `clip` (set it higher for DAPO's clip-higher). Observation tokens carry
+    mask 0 and add nothing to the loss or its gradient.
+
+    Shapes: logp, old_logp, mask (N, L); adv (N, L) or (N,) (broadcast over tokens) -> loss ().
+    Returns (loss, stats) with detached floats: `actor/pg_loss`, `actor/pg_clipfrac` (share of
+    tokens where the clipped term is larger), `actor/pg_clipfrac_lower` (share cut by the dual
+    clip), `actor/ppo_kl` (masked mean of old_logp - logp).
+    """
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 (dual-clip lower bound) or None, got {clip_ratio_c}")
+    if adv.dim() == 1:
+        adv = adv[:, None]  # (N,) -> (N, 1), broadcast over L
+    clip_high = clip if clip_high is None else clip_high
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # (N, L)
+    ratio = torch.exp(log_ratio)
+    l1 = -adv * ratio  # (N, L)
+    l2 = -adv * ratio.clamp(1 - clip, 1 + clip_high)  # (N, L)
+    clipped = torch.maximum(l1, l2)
+    if clip_ratio_c is not None:
+        l3 = -adv * clip_ratio_c
+        lower = (adv < 0) & (clipped > l3)  # (N, L) tokens the dual clip bounds
+        losses = torch.where(adv < 0, torch.minimum(clipped, l3), clipped)
+    else:
+        lower = torch.zeros_like(clipped, dtype=torch.bool)
+        losses = clipped
+    loss = agg_loss(losses, mask, agg, normalizer)
+    with torch.no_grad():
+        stats = {
+            "actor/pg_loss": loss.item(),
+            "actor/pg_clipfrac": masked_mean((l2 > l1).to(losses.dtype), mask).item(),
+            "actor/pg_clipfrac_lower": masked_mean(lower.to(losses.dtype), mask).item(),
+            "actor/ppo_kl": masked_mean(-log_ratio, mask).item(),
+        }
+    return loss, stats
+
+
+POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, float]]]] = {
+    "ppo_clip": ppo_clip_loss,
+    "vanilla": ppo_clip_loss,  # verl's name for the same loss
+}
+
+ADV_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
+    "grpo": compute_grpo_advantages,
+}
+
+
+def get_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
+    """The policy loss registered as `name` (`ppo_clip`, alias `vanilla`)."""
+    return _lookup(POLICY_LOSSES, "policy loss (actor.policy_loss)", name)
+
+
+def get_adv_estimator(name: str) -> Callable[..., torch.Tensor]:
+    """The advantage estimator registered as `name` (`grpo`)."""
+    return _lookup(ADV_ESTIMATORS, "advantage estimator (algorithm.adv_estimator)", name)
