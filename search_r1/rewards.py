@@ -19,6 +19,8 @@ import re
 import string
 from typing import Any, Callable, Iterable
 
+from search_r1.protocol import PROTOCOLS, invalid_action_observation
+
 # The answer that means "no relevant content found"; rewarded as an honest abstention.
 NO_ANSWER = "未找到相关内容"
 
@@ -33,11 +35,16 @@ EOS_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _TAG = re.compile(r"</?(?:search|information|answer|think)>")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-# Text the environment inserts into a response. Retrieved passages may contain anything, and the
-# invalid-action message (the upstream wording, kept by our rollout) names the <answer> tags
-# itself, so neither may be read as the model's answer.
+# Text the environment inserts into a response: retrieved passages may contain anything, and the
+# invalid-action message names the <answer> tags itself, so neither may be read as the model's
+# answer. The messages come from `search_r1.protocol` (both protocols) plus upstream Search-R1's
+# wording, so responses recorded by upstream rollouts are read the same way.
+_UPSTREAM_INVALID = r"My previous action is invalid\..*?Let me try again\."
 _ENV_TEXT = re.compile(
-    r"<information>.*?</information>|My previous action is invalid\..*?Let me try again\.",
+    "|".join(
+        [r"<information>.*?</information>", r"<tool_response>.*?</tool_response>", _UPSTREAM_INVALID]
+        + [re.escape(invalid_action_observation(p).strip()) for p in PROTOCOLS]
+    ),
     re.DOTALL,
 )
 

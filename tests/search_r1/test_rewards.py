@@ -6,9 +6,11 @@ import pytest
 
 from search_r1 import rewards as R
 from search_r1.prompts import make_prompt
+from search_r1.protocol import PROTOCOLS, invalid_action_observation
 
 INFO = "\n\n<information>Doc 1(Title: Paris) Paris is the capital of France.\n</information>\n\n"
 GOOD = f"<think>need a fact</think><search> capital of France </search>{INFO}<think>found it</think><answer> Paris </answer>"
+# Upstream Search-R1's corrective message (responses recorded by upstream rollouts).
 INVALID_MSG = (
     "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
     "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
@@ -42,7 +44,8 @@ FORMAT_CASES = [
     ("two informations for one search", f"<search>q</search>{INFO}{INFO}<answer>x</answer>", -1.0),
     ("unclosed information", "<search>q</search><information>Doc 1 <answer>x</answer>", -1.0),
     ("stray think", "<think>never closed <answer>x</answer>", -1.0),
-    ("invalid-action message in response", f"I guess{INVALID_MSG}<answer>x</answer>", -1.0),
+    ("upstream invalid-action message in response", f"I guess{INVALID_MSG}<answer>x</answer>", -1.0),
+    ("our invalid-action message in response", f"I guess{invalid_action_observation('tags')}<answer>x</answer>", -1.0),
 ]
 
 
@@ -129,7 +132,18 @@ EXTRACT_CASES = [
     ("information block ignored", "<answer>Rome</answer><information><answer>Oslo</answer></information>", "Rome"),
     ("invalid-action message ignored", f"<answer>Rome</answer>{INVALID_MSG}", "Rome"),
     ("only the invalid-action message", f"blah{INVALID_MSG}", None),
+    ("tool_response block ignored", "<answer>Rome</answer><tool_response><answer>Oslo</answer></tool_response>", "Rome"),
 ]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_extract_answer_ignores_our_invalid_action_message(protocol):
+    # The rollout's corrective message names the <answer> tags; it is never the model's answer.
+    message = invalid_action_observation(protocol)
+    assert "<answer>" in message
+    assert R.extract_answer(f"blah{message}") is None
+    assert R.extract_answer(f"<answer>Rome</answer> x{message}") == "Rome"
+    assert R.extract_answer(f"blah{message}<answer>Oslo</answer>") == "Oslo"
 
 
 @pytest.mark.parametrize("text,expected", [c[1:] for c in EXTRACT_CASES], ids=[c[0] for c in EXTRACT_CASES])
