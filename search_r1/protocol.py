@@ -1,0 +1,192 @@
+"""The Search-R1 action protocol: what the policy writes, what the environment writes back.
+
+Two protocols share one shape (a turn ends in exactly one action):
+
+- `tags` (Search-R1): `<search> query </search>` or `<answer> text </answer>`; results come back as
+  `\\n\\n<information>{passages}</information>\\n\\n`.
+- `tool_call`: `<tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call>` (JSON) or
+  `<answer> text </answer>`; results come back as `\\n\\n<tool_response>{passages}</tool_response>\\n\\n`.
+
+The first complete action in a turn's text wins. Anything else (no action, malformed JSON, an empty
+query) is an invalid action and gets the corrective message, as in upstream Search-R1.
+
+`ObservationEncoder` turns observations into token ids under a token budget. An overlong search
+result is shortened inside the wrapper, so the closing tag always survives (upstream cut the tail
+of the whole observation and lost it).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+PROTOCOLS = ("tags", "tool_call")
+ACTION_KINDS = ("search", "answer", "invalid")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One parsed action. `content` is the stripped query / answer ("" for invalid).
+
+    `end` is the character offset just past the action's closing tag in the parsed text (-1 for an
+    invalid action); the rollout uses it to detect a backend that kept generating past the stop.
+    """
+
+    kind: str
+    content: str = ""
+    end: int = -1
+
+
+# Tag regexes: non-greedy so the first complete action wins; DOTALL so queries may span lines.
+_TAGS_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+_TOOL_RE = re.compile(r"<(tool_call|answer)>(.*?)</\1>", re.DOTALL)
+
+_STOPS = {"tags": ("</search>", "</answer>"), "tool_call": ("</tool_call>", "</answer>")}
+# The wrapper around a search result, per protocol: (opening, closing). The leading and trailing
+# blank lines separate the environment's text from the policy's in the decoded sequence.
+_WRAPPERS = {
+    "tags": ("\n\n<information>", "</information>\n\n"),
+    "tool_call": ("\n\n<tool_response>", "</tool_response>\n\n"),
+}
+_INVALID_TEXT = {
+    "tags": (
+        "\nMy last action was not valid. To look something up I must put the query between "
+        "<search> and </search>; to finish I must put the final answer between <answer> and "
+        "</answer>. Let me try again.\n"
+    ),
+    "tool_call": (
+        "\nMy last action was not valid. To look something up I must write "
+        '<tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call>; to finish I '
+        "must put the final answer between <answer> and </answer>. Let me try again.\n"
+    ),
+}
+SEARCH_FAILED_TEXT = "The search engine did not respond; no results are available for this query."
+
+
+def check_protocol(protocol: str) -> str:
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; allowed values: {list(PROTOCOLS)}")
+    return protocol
+
+
+def stop_strings(protocol: str = "tags") -> tuple[str, ...]:
+    """Strings that end a generation turn (passed to the backend as `SamplingParams.stop`)."""
+    return _STOPS[check_protocol(protocol)]
+
+
+def parse_action(text: str, protocol: str = "tags") -> Action:
+    """Parse the first complete action in `text`.
+
+    >>> parse_action("<think>x</think><search> who </search>")
+    Action(kind='search', content='who', end=38)
+    """
+    if check_protocol(protocol) == "tags":
+        m = _TAGS_RE.search(text)
+        if m is None:
+            return Action("invalid")
+        kind, content = m.group(1), m.group(2).strip()
+        if kind == "search" and not content:
+            return Action("invalid")
+        return Action(kind, content, m.end())
+    m = _TOOL_RE.search(text)
+    if m is None:
+        return Action("invalid")
+    if m.group(1) == "answer":
+        return Action("answer", m.group(2).strip(), m.end())
+    query = _tool_call_query(m.group(2))
+    return Action("search", query, m.end()) if query else Action("invalid")
+
+
+def _tool_call_query(payload: str) -> str:
+    """The query of a `{"name": "search", "arguments": {"query": ...}}` payload, or "" if malformed."""
+    try:
+        call = json.loads(payload)
+    except (json.JSONDecodeError, ValueError):
+        return ""
+    if not isinstance(call, dict) or call.get("name") != "search":
+        return ""
+    args = call.get("arguments", {})
+    if isinstance(args, str):  # OpenAI-style tool calls carry arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except (json.JSONDecodeError, ValueError):
+            return ""
+    query = args.get("query") if isinstance(args, dict) else None
+    return query.strip() if isinstance(query, str) else ""
+
+
+def search_observation(passages: str, protocol: str = "tags") -> str:
+    """The text the environment appends after a search: rendered passages inside the wrapper."""
+    opening, closing = _WRAPPERS[check_protocol(protocol)]
+    return f"{opening}{passages.strip()}{closing}"
+
+
+def failed_search_observation(protocol: str = "tags") -> str:
+    """What the policy reads when the search engine failed after its retries."""
+    return search_observation(SEARCH_FAILED_TEXT, protocol)
+
+
+def invalid_action_observation(protocol: str = "tags") -> str:
+    """The corrective message appended after an invalid action."""
+    return _INVALID_TEXT[check_protocol(protocol)]
+
+
+class ObservationEncoder:
+    """Token ids of observations, fitted to a per-row token budget.
+
+    The constant texts (wrapper, invalid-action and search-failed messages) are tokenized once; the
+    passages of a whole turn are tokenized in one batched tokenizer call. A search observation longer
+    than its budget keeps the wrapper and loses the tail of the passages, so the closing tag stays.
+    Pieces are tokenized separately, so the ids decode to exactly the observation text.
+    """
+
+    def __init__(self, tokenizer, protocol: str = "tags"):
+        self.tokenizer = tokenizer
+        self.protocol = check_protocol(protocol)
+        opening, closing = _WRAPPERS[protocol]
+        self.opening_ids = self._encode([opening])[0]
+        self.closing_ids = self._encode([closing])[0]
+        self.invalid_ids = self._encode([invalid_action_observation(protocol)])[0]
+        self.failed_ids = self.opening_ids + self._encode([SEARCH_FAILED_TEXT])[0] + self.closing_ids
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    @property
+    def min_search_tokens(self) -> int:
+        """The smallest search observation: the wrapper plus one passage token."""
+        return len(self.opening_ids) + len(self.closing_ids) + 1
+
+    def encode(self, kinds: list[str], passages: list[str | None], budgets: list[int]) -> list[list[int] | None]:
+        """One observation per row.
+
+        kinds: "search" | "failed" | "invalid"; passages: the rendered results for "search" rows
+        (ignored otherwise); budgets: the most tokens each observation may take. Returns the ids, or
+        None where even the shortest form does not fit (the caller ends that trajectory).
+        Also records `self.last_shortened`: how many rows had passages cut this call.
+        """
+        search_rows = [i for i, k in enumerate(kinds) if k == "search"]
+        encoded = self._encode([passages[i].strip() for i in search_rows])
+        by_row = dict(zip(search_rows, encoded))
+        out: list[list[int] | None] = []
+        self.last_shortened = 0
+        wrap = len(self.opening_ids) + len(self.closing_ids)
+        for i, kind in enumerate(kinds):
+            budget = budgets[i]
+            if kind == "search":
+                body = by_row[i]
+                if wrap + len(body) > budget:
+                    if budget < self.min_search_tokens:
+                        out.append(None)
+                        continue
+                    body = body[: budget - wrap]
+                    self.last_shortened += 1
+                out.append(self.opening_ids + body + self.closing_ids)
+            elif kind in ("failed", "invalid"):
+                ids = self.failed_ids if kind == "failed" else self.invalid_ids
+                out.append(list(ids) if len(ids) <= budget else None)
+            else:
+                raise ValueError(f"observation kind {kind!r}; allowed values: ['search', 'failed', 'invalid']")
+        return out
