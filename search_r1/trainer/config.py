@@ -1,0 +1,393 @@
+"""Typed configuration of the embedded CPU GRPO trainer.
+
+One frozen dataclass per section of `configs/grpo_cpu.yaml` (model, data, retriever, rollout,
+algorithm, optim, trainer). `TrainConfig.from_dict(d)` builds them from the plain dict Hydra composes
+(`OmegaConf.to_container(cfg, resolve=True)`); every static rule is checked in `__post_init__` and
+fails with a ValueError that names the dotted key, the value, the allowed values and the fix. Unknown
+keys are errors (a typo must not silently fall back to a default). The defaults here equal the
+shipped YAML (tests/search_r1/trainer/test_config.py checks that).
+
+Runtime checks that need the machine or the filesystem after data preparation (cores, resolved data
+files, retriever reachability) live in `search_r1.trainer.main`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+AUTO = "auto"
+DTYPES = ("float32", "bfloat16")
+STD_MODES = ("population", "unbiased", "none")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean")
+KL_TYPES = ("low_var_kl", "k3", "k1", "k2")
+PROTOCOLS = ("tags", "tool_call")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+REWARDS_FALLBACK = ("em", "f1", "seed", "subem")
+
+
+def _reward_names() -> tuple[str, ...]:
+    try:
+        from search_r1.rewards import REWARD_FNS
+    except ImportError:  # the rewards module is optional for config parsing only
+        return REWARDS_FALLBACK
+    return tuple(sorted(REWARD_FNS))
+
+
+def _fail(key: str, value: Any, allowed: str, fix: str) -> ValueError:
+    return ValueError(f"config {key}={value!r} is invalid: allowed {allowed}. Fix: {fix}")
+
+
+def _check_choice(key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise _fail(key, value, f"one of {list(choices)}", f"set {key} to one of them")
+
+
+def _check_range(key: str, value: float, lo: float | None = None, hi: float | None = None,
+                 lo_open: bool = False) -> None:
+    bad = (value is None or (isinstance(value, float) and not math.isfinite(value))
+           or (lo is not None and (value <= lo if lo_open else value < lo))
+           or (hi is not None and value > hi))
+    if bad:
+        lo_s = "-inf" if lo is None else f"{lo}"
+        rng = f"{'(' if lo_open else '['}{lo_s}, {'inf' if hi is None else hi}]"
+        raise _fail(key, value, f"a number in {rng}", f"set {key} inside that range")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # Model alias (`smollm2-135m-instruct`, `tiny-random-qwen3`) or a local HF directory.
+    name: str = "smollm2-135m-instruct"
+    # Matmul precision: float32, or bfloat16 autocast (fp32 master weights; fast on AMX CPUs).
+    compute_dtype: str = "float32"
+
+    def __post_init__(self):
+        if not self.name:
+            raise _fail("model.name", self.name, "a model alias or a directory", "set model.name")
+        _check_choice("model.compute_dtype", self.compute_dtype, DTYPES)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    # Synthetic world directory; `auto` = search_r1.paths.default_synth_dir(), generated if missing.
+    dir: str = AUTO
+    # Training parquet files; empty = <dir>/train.parquet.
+    train_files: tuple[str, ...] = ()
+    # Validation parquet files; empty = <dir>/test.parquet.
+    test_files: tuple[str, ...] = ()
+    # Prompt protocol the data was written for: tags | tool_call.
+    protocol: str = "tags"
+    # Longest prompt (chat template applied) in tokens.
+    max_prompt_length: int = 256
+    # Test prompts used per validation; 0 = the whole test split.
+    val_size: int = 16
+    # Seed of the synthetic world generated when dir is `auto` and missing.
+    synth_seed: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "train_files", tuple(self.train_files))
+        object.__setattr__(self, "test_files", tuple(self.test_files))
+        _check_choice("data.protocol", self.protocol, PROTOCOLS)
+        _check_range("data.max_prompt_length", self.max_prompt_length, 1)
+        _check_range("data.val_size", self.val_size, 0)
+        for key in ("train_files", "test_files"):
+            for f in getattr(self, key):
+                if not Path(f).expanduser().is_file():
+                    raise ValueError(
+                        f"config data.{key} lists {f!r}, which does not exist. Fix: generate the data "
+                        f"(`python -m search_r1.data.synth --out DIR`) or point data.{key} at existing "
+                        f"parquet files, or leave it empty ([]) to use data.dir")
+        if self.dir != AUTO and not (self.train_files and self.test_files):
+            d = Path(self.dir).expanduser()
+            for name in ("train.parquet", "test.parquet"):
+                if not (d / name).is_file():
+                    raise ValueError(
+                        f"config data.dir={self.dir!r} has no {name}. Fix: set data.dir=auto (generate "
+                        f"the default synthetic world), generate one with `python -m search_r1.data.synth "
+                        f"--out {self.dir}`, or set data.train_files/data.test_files")
+
+
+@dataclass(frozen=True)
+class RetrieverConfig:
+    # Retriever URL (base or .../retrieve); `auto` = start `python -m retriever_server serve` on a
+    # free 127.0.0.1 port for this run and stop it afterwards.
+    url: str = AUTO
+    # Index directory served when url is `auto`; empty = <data dir>/bm25 (built if missing).
+    index: str = ""
+    # Passages per search.
+    topk: int = 3
+    # Seconds per HTTP request before a retry.
+    timeout: float = 10.0
+    # Retries per request (with backoff) before the search counts as failed.
+    retries: int = 3
+    # Seconds to wait for an `auto` server to answer /health.
+    startup_timeout: float = 120.0
+
+    def __post_init__(self):
+        if not self.url:
+            raise _fail("retriever.url", self.url, "'auto' or an http(s) URL", "set retriever.url")
+        if self.url != AUTO and not self.url.startswith(("http://", "https://")):
+            raise _fail("retriever.url", self.url, "'auto' or an http(s) URL",
+                        "write it as http://HOST:PORT (e.g. http://127.0.0.1:8000/retrieve)")
+        if self.index and not Path(self.index).expanduser().is_dir():
+            raise ValueError(f"config retriever.index={self.index!r} is not a directory. Fix: build one with "
+                             f"`python -m retriever_server build --corpus C.jsonl --kind bm25 --out DIR` "
+                             f"or leave retriever.index empty")
+        _check_range("retriever.topk", self.topk, 1)
+        _check_range("retriever.timeout", self.timeout, 0, lo_open=True)
+        _check_range("retriever.retries", self.retries, 0)
+        _check_range("retriever.startup_timeout", self.startup_timeout, 0, lo_open=True)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    # Samples per prompt (the GRPO group size G).
+    n: int = 4
+    # Sampling temperature for training rollouts (validation is greedy).
+    temperature: float = 1.0
+    # Nucleus sampling for training rollouts.
+    top_p: float = 1.0
+    # Generation rounds in which a search is allowed (one last round without search follows).
+    max_turns: int = 2
+    # Longest prompt that is rolled out.
+    max_start_length: int = 256
+    # Longest rolling context (prompt + response so far) fed to the generator.
+    max_prompt_length: int = 768
+    # Longest whole response (generated + observation tokens over all turns).
+    max_response_length: int = 384
+    # Longest single observation (search results) in tokens.
+    max_obs_length: int = 128
+    # Generation cap per round in tokens.
+    max_tokens_per_turn: int = 48
+
+    def __post_init__(self):
+        _check_range("rollout.n", self.n, 1)
+        _check_range("rollout.temperature", self.temperature, 0)
+        _check_range("rollout.top_p", self.top_p, 0, 1, lo_open=True)
+        _check_range("rollout.max_turns", self.max_turns, 0)
+        for key in ("max_start_length", "max_prompt_length", "max_response_length", "max_obs_length",
+                    "max_tokens_per_turn"):
+            _check_range(f"rollout.{key}", getattr(self, key), 1)
+        if self.max_start_length > self.max_prompt_length:
+            raise _fail("rollout.max_start_length", self.max_start_length,
+                        f"<= rollout.max_prompt_length ({self.max_prompt_length})",
+                        "lower max_start_length or raise max_prompt_length")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    # Training reward: seed (format + answer, range [-1, 2.5]) | em | f1 | subem.
+    reward: str = "seed"
+    # GRPO group std: population | unbiased | none (Dr. GRPO: no std division).
+    grpo_std: str = "population"
+    # Added to the group std before dividing.
+    eps: float = 1.0e-8
+    # PPO clip range epsilon: ratio clipped to [1 - clip_ratio, 1 + clip_ratio].
+    clip_ratio: float = 0.2
+    # Coefficient of the KL(pi || ref) loss term.
+    kl_coef: float = 0.001
+    # KL estimator: low_var_kl (= K3) | k3 | k1 | k2.
+    kl_type: str = "low_var_kl"
+    # Entropy bonus coefficient (subtracted from the loss).
+    entropy_coef: float = 0.001
+    # Loss aggregation over the mini-batch: token-mean | seq-mean-token-mean | seq-mean.
+    loss_agg: str = "token-mean"
+
+    def __post_init__(self):
+        _check_choice("algorithm.reward", self.reward, _reward_names())
+        _check_choice("algorithm.grpo_std", self.grpo_std, STD_MODES)
+        _check_choice("algorithm.kl_type", self.kl_type, KL_TYPES)
+        _check_choice("algorithm.loss_agg", self.loss_agg, AGG_MODES)
+        _check_range("algorithm.eps", self.eps, 0)
+        _check_range("algorithm.clip_ratio", self.clip_ratio, 0, 1, lo_open=True)
+        _check_range("algorithm.kl_coef", self.kl_coef, 0)
+        _check_range("algorithm.entropy_coef", self.entropy_coef, 0)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    # AdamW peak learning rate.
+    lr: float = 1.0e-5
+    # Linear warmup from 0 to lr over this many optimizer steps, then constant.
+    warmup_steps: int = 2
+    # AdamW betas.
+    betas: tuple[float, float] = (0.9, 0.999)
+    # AdamW decoupled weight decay.
+    weight_decay: float = 0.01
+    # Max global gradient L2 norm (clip_grad_norm_).
+    grad_clip: float = 1.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        _check_range("optim.lr", self.lr, 0, lo_open=True)
+        _check_range("optim.warmup_steps", self.warmup_steps, 0)
+        _check_range("optim.weight_decay", self.weight_decay, 0)
+        _check_range("optim.grad_clip", self.grad_clip, 0, lo_open=True)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise _fail("optim.betas", list(self.betas), "two numbers in [0, 1)", "e.g. optim.betas=[0.9,0.999]")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    # GRPO steps (one rollout batch + one policy update each).
+    total_steps: int = 20
+    # Prompts per step (each sampled rollout.n times).
+    batch_size: int = 2
+    # Prompts per optimizer update; batch_size / mini_batch_size updates per PPO epoch.
+    mini_batch_size: int = 2
+    # Passes over each rollout batch.
+    ppo_epochs: int = 1
+    # Trajectories per forward/backward on a worker (gradient accumulation; memory knob).
+    micro_batch_size: int = 4
+    # Prompts per validation rollout batch.
+    val_batch_size: int = 8
+    # Validate every this many steps (0 = only before and after training).
+    test_freq: int = 10
+    # Validate once before the first step.
+    val_before_train: bool = True
+    # Save a checkpoint every this many steps (0 = only at the end).
+    save_freq: int = 10
+    # Checkpoints kept on disk (oldest deleted first).
+    keep_last: int = 2
+    # auto = continue from the latest good checkpoint in output_dir | none | a checkpoint path.
+    resume: str = AUTO
+    # Data-parallel Ray workers (each holds policy + reference model).
+    n_workers: int = 1
+    # torch threads per worker; n_workers * threads_per_worker must not exceed the cores.
+    threads_per_worker: int = 2
+    # Seed of data order, sampling and model init.
+    seed: int = 0
+    # Run directory: metrics.jsonl, TensorBoard events, plot, checkpoints.
+    output_dir: str = "outputs/grpo_cpu"
+    # Metric sinks: console | jsonl | tensorboard | wandb.
+    loggers: tuple[str, ...] = ("console", "jsonl", "tensorboard")
+    # wandb project / run name (used when "wandb" is in loggers).
+    project: str = "search-r1-cpu"
+    experiment_name: str = "grpo_cpu"
+
+    def __post_init__(self):
+        object.__setattr__(self, "loggers", tuple(self.loggers))
+        for key in ("total_steps", "batch_size", "mini_batch_size", "ppo_epochs", "micro_batch_size",
+                    "val_batch_size", "keep_last", "n_workers", "threads_per_worker"):
+            _check_range(f"trainer.{key}", getattr(self, key), 1)
+        for key in ("test_freq", "save_freq"):
+            _check_range(f"trainer.{key}", getattr(self, key), 0)
+        if self.batch_size % self.mini_batch_size:
+            raise _fail("trainer.batch_size", self.batch_size,
+                        f"a multiple of trainer.mini_batch_size ({self.mini_batch_size})",
+                        "make batch_size divisible by mini_batch_size (e.g. equal)")
+        for log in self.loggers:
+            _check_choice("trainer.loggers[]", log, LOGGERS)
+        if self.resume not in (AUTO, "none") and not Path(self.resume).expanduser().exists():
+            raise _fail("trainer.resume", self.resume, "'auto', 'none' or an existing checkpoint directory",
+                        "point trainer.resume at a checkpoint (e.g. OUTPUT/checkpoints/step_10) or use auto")
+        if not self.output_dir:
+            raise _fail("trainer.output_dir", self.output_dir, "a directory path", "set trainer.output_dir")
+
+
+SECTIONS = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "retriever": RetrieverConfig,
+    "rollout": RolloutConfig,
+    "algorithm": AlgorithmConfig,
+    "optim": OptimConfig,
+    "trainer": TrainerConfig,
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def __post_init__(self):
+        # Cross-section rules: the data-parallel split must give every worker whole trajectories.
+        t, n = self.trainer, self.rollout.n
+        if (t.mini_batch_size * n) % t.n_workers:
+            raise _fail("trainer.n_workers", t.n_workers,
+                        f"a divisor of mini_batch_size * rollout.n = {t.mini_batch_size * n}",
+                        "change trainer.n_workers, trainer.mini_batch_size or rollout.n")
+        if self.rollout.max_start_length < self.data.max_prompt_length:
+            raise _fail("rollout.max_start_length", self.rollout.max_start_length,
+                        f">= data.max_prompt_length ({self.data.max_prompt_length})",
+                        "raise rollout.max_start_length (prompts longer than it are never rolled out)")
+
+    @classmethod
+    def from_dict(cls, raw: dict | None) -> "TrainConfig":
+        """Build from a nested dict; unknown sections or keys raise ValueError naming them."""
+        raw = dict(raw or {})
+        raw.pop("hydra", None)
+        unknown = sorted(set(raw) - set(SECTIONS))
+        if unknown:
+            raise ValueError(f"unknown config section(s) {unknown}; valid sections: {list(SECTIONS)}. "
+                             f"Fix: remove or rename them")
+        built = {}
+        for name, section_cls in SECTIONS.items():
+            values = raw.get(name) or {}
+            if not isinstance(values, dict):
+                raise ValueError(f"config section {name} must be a mapping, got {values!r}")
+            built[name] = _build_section(name, section_cls, values)
+        return cls(**built)
+
+    def to_dict(self) -> dict:
+        return {name: _plain(dataclasses.asdict(getattr(self, name))) for name in SECTIONS}
+
+
+def _plain(d: dict) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+def _build_section(section: str, section_cls: type, values: dict):
+    fields = {f.name: f for f in dataclasses.fields(section_cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown config key(s) {[f'{section}.{k}' for k in unknown]}; valid keys in "
+                         f"{section}: {sorted(fields)}. Fix: check the spelling (Hydra: use +key=... "
+                         f"only for new keys, which this trainer does not accept)")
+    hints = typing.get_type_hints(section_cls)
+    kwargs = {k: _coerce(f"{section}.{k}", v, hints[k]) for k, v in values.items()}
+    return section_cls(**kwargs)
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    """Check a YAML value against the field's type; ints widen to float, lists become tuples."""
+    origin = typing.get_origin(hint)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise _fail(key, value, "true or false", f"write {key}=true or {key}=false")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _fail(key, value, "an integer", f"write {key} as a whole number")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-5 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise _fail(key, value, "a number", f"write {key} as a number (e.g. 1.0e-5)")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise _fail(key, value, "a string", f"quote {key}")
+    if origin is tuple:
+        if isinstance(value, (list, tuple)):
+            args = typing.get_args(hint)
+            item = args[0] if args else Any
+            return tuple(_coerce(f"{key}[]", v, item) if item is not Any else v for v in value)
+        raise _fail(key, value, "a list", f"write {key}=[a,b]")
+    return value

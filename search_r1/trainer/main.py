@@ -1,0 +1,268 @@
+"""Hydra entry of the embedded CPU GRPO trainer.
+
+    python -m search_r1.trainer.main                                  # configs/grpo_cpu.yaml
+    python -m search_r1.trainer.main trainer.total_steps=5 rollout.n=2
+    python -m search_r1.trainer.main -m optim.lr=1e-5,3e-5 trainer.experiment_name='lr${optim.lr}'
+
+Order of work (each step fails fast with a message naming the fix): validate the config -> check
+cores -> prepare the data (generate the synthetic world when data.dir=auto and it is missing) ->
+reach the retriever (start one for the run when retriever.url=auto) -> start Ray and the workers ->
+train -> plot -> print where metrics, plot and checkpoints are. The retriever started here and
+the workers are stopped on the way out, also on errors.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from search_r1.trainer.config import AUTO, TrainConfig
+
+log = logging.getLogger("search_r1.trainer")
+
+
+class StartupError(RuntimeError):
+    """A precondition of the run is not met (the message says what and how to fix it)."""
+
+
+# -- data -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DataPaths:
+    dir: Path
+    train_files: tuple[Path, ...]
+    test_files: tuple[Path, ...]
+    corpus: Path
+
+
+def prepare_data(cfg: TrainConfig) -> DataPaths:
+    """Resolve data files; with data.dir=auto generate the default synthetic world if missing."""
+    from search_r1.paths import default_synth_dir
+
+    d = cfg.data
+    data_dir = default_synth_dir() if d.dir == AUTO else Path(d.dir).expanduser()
+    if d.dir == AUTO and not (data_dir / "meta.json").is_file():
+        from search_r1.data.synth import generate_world
+
+        print(f"[trainer] generating the synthetic QA world in {data_dir} (seed {d.synth_seed}) ...", flush=True)
+        generate_world(data_dir, seed=d.synth_seed)
+    train = tuple(Path(f).expanduser() for f in d.train_files) or (data_dir / "train.parquet",)
+    test = tuple(Path(f).expanduser() for f in d.test_files) or (data_dir / "test.parquet",)
+    for f in train + test:
+        if not f.is_file():
+            raise StartupError(f"data file {f} does not exist. Fix: set data.dir=auto, or generate it with "
+                               f"`python -m search_r1.data.synth --out {f.parent}`")
+    return DataPaths(data_dir, train, test, data_dir / "corpus.jsonl")
+
+
+# -- retriever --------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_url(url: str) -> str:
+    url = url.rstrip("/")
+    return url[: -len("/retrieve")] if url.endswith("/retrieve") else url
+
+
+def check_retriever(url: str, timeout: float = 5.0) -> None:
+    """GET /health and one tiny /retrieve; StartupError naming the URL and the fix if either fails."""
+    import requests
+
+    base = base_url(url)
+    try:
+        r = requests.get(base + "/health", timeout=timeout)
+        r.raise_for_status()
+        r = requests.post(base + "/retrieve", json={"queries": ["test"], "topk": 1, "return_scores": False},
+                          timeout=timeout)
+        r.raise_for_status()
+    except Exception as exc:  # connection refused, timeout, HTTP error: all mean "not usable"
+        raise StartupError(
+            f"retriever at {url} is unreachable ({type(exc).__name__}: {exc}). Fix: start it with "
+            f"`python -m retriever_server serve --index DIR --port PORT` and set retriever.url="
+            f"http://127.0.0.1:PORT/retrieve, or set retriever.url=auto to start one for this run") from None
+
+
+@contextlib.contextmanager
+def retriever_for_run(cfg: TrainConfig, data: DataPaths, log_dir: Path):
+    """Yield the retriever URL: the configured one (checked), or a server started for this run."""
+    if cfg.retriever.url != AUTO:
+        check_retriever(cfg.retriever.url)
+        yield cfg.retriever.url
+        return
+    index = Path(cfg.retriever.index).expanduser() if cfg.retriever.index else data.dir / "index_bm25"
+    if not (index / "manifest.json").is_file():
+        print(f"[trainer] building the BM25 index {index} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "retriever_server", "build", "--corpus", str(data.corpus),
+                        "--kind", "bm25", "--out", str(index), "--force"], check=True)
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    err = open(log_dir / "retriever.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "retriever_server", "serve", "--index", str(index),
+                             "--host", "127.0.0.1", "--port", str(port), "--torch-threads", "1",
+                             "--faiss-threads", "1"], stdout=err, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/retrieve"
+    try:
+        deadline = time.monotonic() + cfg.retriever.startup_timeout
+        while True:
+            if proc.poll() is not None:
+                raise StartupError(f"the retriever server exited with code {proc.returncode}; see "
+                                   f"{log_dir / 'retriever.log'}")
+            try:
+                check_retriever(url, timeout=2.0)
+                break
+            except StartupError:
+                if time.monotonic() > deadline:
+                    raise StartupError(f"the retriever server did not answer on {url} within "
+                                       f"{cfg.retriever.startup_timeout}s; see {log_dir / 'retriever.log'} "
+                                       f"(raise retriever.startup_timeout on a busy machine)") from None
+                time.sleep(0.5)
+        print(f"[trainer] retriever serving {index} at {url}", flush=True)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        err.close()
+
+
+# -- run --------------------------------------------------------------------------------------------
+def check_cores(cfg: TrainConfig) -> None:
+    t = cfg.trainer
+    cores = os.cpu_count() or 1
+    if t.n_workers * t.threads_per_worker > cores:
+        raise ValueError(
+            f"config trainer.n_workers * trainer.threads_per_worker = {t.n_workers} * {t.threads_per_worker} "
+            f"exceeds the {cores} CPU cores: allowed a product <= {cores}. Fix: lower threads_per_worker "
+            f"or n_workers (oversubscribed torch threads slow every step down)")
+
+
+def worker_spec(cfg: TrainConfig):
+    from search_r1.trainer.workers import WorkerSpec
+
+    a, o, t = cfg.algorithm, cfg.optim, cfg.trainer
+    return WorkerSpec(
+        model_name=cfg.model.name, compute_dtype=cfg.model.compute_dtype, threads=t.threads_per_worker,
+        seed=t.seed, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
+        grad_clip=o.grad_clip, clip_ratio=a.clip_ratio, kl_coef=a.kl_coef, kl_type=a.kl_type,
+        entropy_coef=a.entropy_coef, loss_agg=a.loss_agg, ppo_epochs=t.ppo_epochs,
+        micro_batch_size=t.micro_batch_size, use_ref=a.kl_coef > 0)
+
+
+def load_tokenizer(name: str):
+    import search_r1.models as models
+
+    if hasattr(models, "load_tokenizer"):
+        return models.load_tokenizer(name)
+    return models.load_model_and_tokenizer(name)[1]
+
+
+def init_ray(num_cpus: int) -> bool:
+    """Start a local Ray with an explicit CPU count unless one is running; True if started here."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+                                       "TRANSFORMERS_OFFLINE": "1"}})
+    return True
+
+
+def run(cfg: TrainConfig, search_engine=None) -> dict:
+    """Train with a validated config; returns the fit summary plus output locations."""
+    import ray
+    import torch
+
+    from search_r1.data.dataset import PromptDataLoader, PromptDataset
+    from search_r1.search import RetrieverClient
+    from search_r1.trainer.metrics import MetricsLogger, plot_training_curves
+    from search_r1.trainer.ray_trainer import RayGRPOTrainer
+    from search_r1.trainer.workers import create_worker_group, shutdown_worker_group
+
+    check_cores(cfg)
+    torch.set_num_threads(1)  # the driver only decodes, scores and pads; the workers compute
+    out = Path(cfg.trainer.output_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    data = prepare_data(cfg)
+    tokenizer = load_tokenizer(cfg.model.name)
+    train_ds = PromptDataset(list(data.train_files), tokenizer, cfg.data.max_prompt_length, cfg.data.protocol)
+    val_ds = PromptDataset(list(data.test_files), tokenizer, cfg.data.max_prompt_length, cfg.data.protocol)
+    loader = PromptDataLoader(train_ds, cfg.trainer.batch_size, seed=cfg.trainer.seed, shuffle=True, drop_last=True)
+
+    with contextlib.ExitStack() as stack:
+        if search_engine is None:
+            url = stack.enter_context(retriever_for_run(cfg, data, out))
+            r = cfg.retriever
+            search_engine = RetrieverClient(url, topk=r.topk, timeout=r.timeout, retries=r.retries)
+        started_ray = init_ray(cfg.trainer.n_workers)
+        if started_ray:
+            stack.callback(ray.shutdown)
+        group, pool = create_worker_group(worker_spec(cfg), cfg.trainer.n_workers)
+        stack.callback(shutdown_worker_group, group, pool)
+        logger = MetricsLogger(out, loggers=list(cfg.trainer.loggers), project=cfg.trainer.project,
+                               experiment_name=cfg.trainer.experiment_name, config=cfg.to_dict())
+        stack.callback(logger.close)
+        trainer = RayGRPOTrainer(cfg, tokenizer, group, search_engine, loader, val_ds, logger,
+                                 checkpoint_root=out / "checkpoints")
+        summary = trainer.fit()
+    metrics_path = out / "metrics.jsonl"
+    plot_path = out / "training_curves.png"
+    if metrics_path.is_file():
+        plot_training_curves(metrics_path, plot_path)
+    summary.update({"output_dir": str(out), "metrics": str(metrics_path), "plot": str(plot_path),
+                    "tensorboard": str(out / "tensorboard")})
+    return summary
+
+
+def report(summary: dict) -> str:
+    """The end-of-run text: where things are, the reward curve, validation before/after."""
+    lines = ["", "=" * 72, "GRPO run finished",
+             f"  metrics     {summary['metrics']}",
+             f"  plot        {summary['plot']}",
+             f"  checkpoint  {summary.get('checkpoint', '(none written)')}",
+             f"  tensorboard {summary['tensorboard']}"]
+    steps = [h for h in summary.get("history", []) if "reward/mean" in h]
+    if steps:
+        curve = " ".join(f"{h['reward/mean']:.2f}" for h in steps)
+        lines.append(f"  reward/mean per step: {curve}")
+    for tag in ("val_before", "val_after"):
+        v = summary.get(tag)
+        if v:
+            lines.append(f"  {tag:<10}  EM {v.get('val/em', float('nan')):.3f}  F1 {v.get('val/f1', float('nan')):.3f}"
+                         f"  reward {v.get('val/reward', float('nan')):.3f}  (n={int(v.get('val/n', 0))})")
+    lines.append("=" * 72)
+    return "\n".join(lines)
+
+
+def _hydra_main():
+    import hydra
+    from omegaconf import OmegaConf
+
+    @hydra.main(config_path="../../configs", config_name="grpo_cpu", version_base="1.3")
+    def main(raw) -> None:
+        try:
+            cfg = TrainConfig.from_dict(OmegaConf.to_container(raw, resolve=True))
+            summary = run(cfg)
+        except (ValueError, StartupError, FileNotFoundError) as exc:
+            print(f"\n[trainer] error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        print(report(summary), flush=True)
+
+    main()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _hydra_main()

@@ -1,0 +1,312 @@
+"""The GRPO fit loop of the embedded CPU trainer (single controller: this process drives Ray workers).
+
+One step, top to bottom (each phase timed under its name in `timing/*`):
+
+    batch of B prompts (uid per prompt)
+      -> repeat n, interleaved (uid kept: the GRPO group)                      (B*n rows)
+      -> gen:          run_llm_loop, the policy sampling on the workers, searches on the retriever
+      -> old_log_prob: log pi_old(response tokens)        (workers)
+      -> ref:          log pi_ref(response tokens)        (workers)
+      -> reward:       one scalar per trajectory from the response text, on its last generated token
+      -> adv:          GRPO advantage within each uid group, broadcast over generated tokens
+      -> update_actor: PPO-clip + K3 KL - entropy bonus over mini-batches (workers, data parallel)
+      -> metrics, validation every test_freq steps, checkpoint every save_freq steps
+
+The worker group, search engine, data loaders and metrics logger are built by
+`search_r1.trainer.main` and passed in, so tests can build small ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+from verl import DataProto
+
+from search_r1.algos import broadcast_to_tokens, compute_grpo_advantages
+from search_r1.data.dataset import repeat_interleave
+from search_r1.rewards import check_format_correctness, em_score, f1_score, get_reward_fn
+from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager
+from search_r1.trainer.config import TrainConfig
+from search_r1.trainer.workers import WorkerGroupGenerator, arrange_for_dp
+
+log = logging.getLogger(__name__)
+
+# Tensors the workers need; everything else (text, stats) stays on the driver.
+LOGPROB_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
+UPDATE_KEYS = LOGPROB_KEYS + ["response_mask", "old_log_probs", "ref_log_prob", "advantages"]
+# Sampling seeds: step s, round r uses seed * SEED_STRIDE + s * ROUND_STRIDE + r (pure function of
+# the step, so a resumed run samples exactly what the uninterrupted run would have).
+SEED_STRIDE = 1_000_000
+ROUND_STRIDE = 100
+
+
+@contextmanager
+def timed(timing: dict, name: str):
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timing[name] = timing.get(name, 0.0) + time.perf_counter() - t0
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return float(np.mean(xs)) if xs else 0.0
+
+
+class RayGRPOTrainer:
+    """GRPO over a PolicyWorker group.
+
+    Args:
+        config: the validated TrainConfig.
+        tokenizer: the policy's tokenizer (decodes actions and rewards on the driver).
+        worker_group: a RayWorkerGroup of PolicyWorker (init_model already called).
+        search_engine: a SearchEngine (RetrieverClient to the real server).
+        train_loader: PromptDataLoader over the training prompts.
+        val_dataset: PromptDataset of the test split (validation uses its first data.val_size rows).
+        metrics_logger: MetricsLogger (console/jsonl/tensorboard/wandb) or None.
+        checkpoint_root: directory of CheckpointManager checkpoints.
+    """
+
+    def __init__(self, config: TrainConfig, tokenizer, worker_group, search_engine, train_loader,
+                 val_dataset, metrics_logger=None, checkpoint_root: str | Path | None = None):
+        self.cfg = config
+        self.tokenizer = tokenizer
+        self.wg = worker_group
+        self.search_engine = search_engine
+        self.train_loader = train_loader
+        self.val_dataset = val_dataset
+        self.logger = metrics_logger
+        self.checkpoint_root = Path(checkpoint_root or Path(config.trainer.output_dir) / "checkpoints")
+        self.generator = WorkerGroupGenerator(worker_group)
+        self.reward_fn = get_reward_fn(config.algorithm.reward)
+        r = config.rollout
+        self.gen_config = GenerationConfig(
+            max_turns=r.max_turns, max_start_length=r.max_start_length, max_prompt_length=r.max_prompt_length,
+            max_response_length=r.max_response_length, max_obs_length=r.max_obs_length,
+            topk=config.retriever.topk, protocol=config.data.protocol, temperature=r.temperature,
+            top_p=r.top_p, max_tokens_per_turn=r.max_tokens_per_turn, seed=None)
+        self.n_mini_batches = config.trainer.batch_size // config.trainer.mini_batch_size
+        self.global_step = 0
+        self.history: list[dict] = []  # every logged metrics dict, for the caller's summary
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def fit(self) -> dict:
+        """Train for trainer.total_steps (continuing after a checkpoint when resuming)."""
+        t = self.cfg.trainer
+        start = self.maybe_resume()
+        summary: dict = {"resumed_from": start}
+        if t.val_before_train and start == 0:
+            summary["val_before"] = self._log(self.validate(), step=0)
+        last_saved = start
+        bar = tqdm(range(start + 1, t.total_steps + 1), desc="GRPO", unit="step", initial=start,
+                   total=t.total_steps, dynamic_ncols=True)
+        for step in bar:
+            self.global_step = step
+            batch = self.train_loader.next_batch()
+            metrics = self.train_step(batch, step)
+            if t.test_freq and step % t.test_freq == 0 and step != t.total_steps:
+                metrics.update(self.validate())
+            self._log(metrics, step)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl=f"{metrics.get('actor/kl_loss', 0):.4f}")
+            if t.save_freq and step % t.save_freq == 0:
+                summary["checkpoint"] = self.save_checkpoint(step)
+                last_saved = step
+        bar.close()
+        if self.global_step or start:
+            final_step = max(self.global_step, start)
+            summary["val_after"] = self._log(self.validate(), step=final_step)
+            if last_saved != final_step:
+                summary["checkpoint"] = self.save_checkpoint(final_step)
+        summary["history"] = self.history
+        return summary
+
+    def train_step(self, batch: DataProto, step: int) -> dict:
+        """One GRPO step on a batch of prompts; returns its metrics."""
+        timing: dict[str, float] = {}
+        with timed(timing, "step"):
+            rollout = self.generate_trajectory(batch, step, timing)
+            metrics = self.grpo_step(rollout, timing)
+        metrics.update({f"timing/{k}": v for k, v in timing.items()})
+        model_s = timing.get("gen_model", 0) + timing["old_log_prob"] + timing.get("ref", 0) + timing["update_actor"]
+        metrics["perf/non_model_share"] = max(0.0, 1.0 - model_s / timing["step"])
+        metrics["train/step"] = step
+        metrics["train/epoch"] = self.train_loader.epoch
+        return metrics
+
+    def generate_trajectory(self, batch: DataProto, step: int, timing: dict) -> DataProto:
+        """Repeat each prompt n times (interleaved, uid kept) and roll the group out with search."""
+        gen_batch = repeat_interleave(batch, self.cfg.rollout.n)  # (B*n) rows: a,a,..,b,b,..
+        seed = self.cfg.trainer.seed * SEED_STRIDE + step * ROUND_STRIDE
+        manager = LLMGenerationManager(self.tokenizer, self.generator,
+                                       dataclasses.replace(self.gen_config, seed=seed), self.search_engine)
+        gen_before = self.generator.seconds
+        with timed(timing, "gen"):
+            rollout = manager.run_llm_loop(gen_batch)
+        loop_timing = rollout.meta_info.get("timing", {})
+        timing["search"] = loop_timing.get("search_s", 0.0)
+        timing["gen_model"] = self.generator.seconds - gen_before  # worker round trips incl. sampling
+        return rollout
+
+    def grpo_step(self, batch: DataProto, timing: dict) -> dict:
+        """old/ref log-probs -> rewards -> GRPO advantages -> policy update; returns metrics."""
+        alg = self.cfg.algorithm
+        with timed(timing, "old_log_prob"):
+            batch = batch.union(self.wg.compute_log_prob(batch.select(batch_keys=LOGPROB_KEYS)))
+        if alg.kl_coef > 0:
+            with timed(timing, "ref"):
+                batch = batch.union(self.wg.compute_ref_log_prob(batch.select(batch_keys=LOGPROB_KEYS)))
+        else:
+            batch.batch["ref_log_prob"] = batch.batch["old_log_probs"].clone()
+        with timed(timing, "reward"):
+            scores, texts = self.score(batch, self.reward_fn)
+            batch.batch["token_level_scores"] = self.place_on_last_token(scores, batch.batch["response_mask"])
+        with timed(timing, "adv"):
+            # the sum of token-level scores is the trajectory score (only the last token is non-zero)
+            adv = compute_grpo_advantages(batch.batch["token_level_scores"].sum(-1), batch.non_tensor_batch["uid"],
+                                          eps=alg.eps, std=alg.grpo_std)  # (N,)
+            batch.batch["advantages"] = broadcast_to_tokens(adv, batch.batch["response_mask"])  # (N, R)
+        with timed(timing, "update_actor"):
+            update = arrange_for_dp(batch.select(batch_keys=UPDATE_KEYS), self.n_mini_batches, self.wg.world_size)
+            update.meta_info["n_mini_batches"] = self.n_mini_batches
+            actor_metrics = self.wg.update_actor(update)[0]  # identical on every rank
+        metrics = dict(actor_metrics)
+        metrics.update(self.rollout_metrics(batch, scores, texts))
+        metrics["adv/abs_mean"] = float(adv.abs().mean())
+        metrics["adv/zero_group_share"] = float((adv == 0).float().mean())
+        return metrics
+
+    # -- rewards ------------------------------------------------------------------------------------
+    def response_texts(self, batch: DataProto) -> list[str]:
+        """Decoded responses (generated + observation tokens, no prompt, no padding)."""
+        responses = batch.batch["responses"]
+        lengths = batch.batch["attention_mask"][:, -responses.shape[1]:].sum(-1).tolist()
+        return self.tokenizer.batch_decode([responses[i, :n].tolist() for i, n in enumerate(lengths)],
+                                           skip_special_tokens=True)
+
+    def score(self, batch: DataProto, fn) -> tuple[list[float], list[str]]:
+        texts = self.response_texts(batch)
+        golds = batch.non_tensor_batch["golden_answers"]
+        return [float(fn(text, list(g))) for text, g in zip(texts, golds)], texts
+
+    @staticmethod
+    def place_on_last_token(scores: list[float], response_mask: torch.Tensor) -> torch.Tensor:
+        """(N, R) zeros with score_i on trajectory i's last generated token (mask == 1).
+
+        A trajectory with no generated token (prompt too long to roll out) keeps all zeros.
+        """
+        n, r = response_mask.shape
+        out = torch.zeros(n, r, dtype=torch.float32)
+        idx = torch.arange(r).expand(n, r)
+        last = torch.where(response_mask.bool(), idx, torch.full_like(idx, -1)).max(dim=1).values  # (N,)
+        has = last >= 0
+        out[has.nonzero().flatten(), last[has]] = torch.tensor(scores, dtype=torch.float32)[has]
+        return out
+
+    def rollout_metrics(self, batch: DataProto, scores: list[float], texts: list[str]) -> dict:
+        meta = batch.meta_info
+        golds = batch.non_tensor_batch["golden_answers"]
+        turns = np.asarray(meta.get("turns_stats", [0]), dtype=float)
+        valid = np.asarray(meta.get("valid_action_stats", [0]), dtype=float)
+        resp_len = batch.batch["attention_mask"][:, -batch.batch["responses"].shape[1]:].sum(-1).float()
+        return {
+            "reward/mean": _mean(scores),
+            "reward/std": float(np.std(scores)) if scores else 0.0,
+            "reward/max": float(np.max(scores)) if scores else 0.0,
+            "reward/em": _mean(em_score(t, list(g)) for t, g in zip(texts, golds)),
+            "reward/format_valid": _mean(check_format_correctness(t) > 0 for t in texts),
+            "env/turns_mean": float(turns.mean()),
+            "env/searches_mean": _mean(meta.get("valid_search_stats", [0])),
+            "env/valid_action_ratio": float(valid.sum() / max(turns.sum(), 1.0)),
+            "env/finish_ratio": 1.0 - _mean(meta.get("active_mask", [0])),
+            "env/search_failures": float(sum(meta.get("search_failure_stats", [0]))),
+            "response/length_mean": float(resp_len.mean()),
+            "response/length_max": float(resp_len.max()),
+            "response/generated_tokens_mean": _mean(meta.get("generated_token_stats", [0])),
+            "response/obs_tokens_mean": _mean(meta.get("observation_token_stats", [0])),
+            "response/truncated_ratio": _mean(meta.get("truncated_mask", [0])),
+        }
+
+    # -- validation ---------------------------------------------------------------------------------
+    def validate(self) -> dict:
+        """Greedy rollouts on the first data.val_size test prompts: EM / F1 / reward per data_source."""
+        ds = self.val_dataset
+        n = len(ds) if self.cfg.data.val_size == 0 else min(self.cfg.data.val_size, len(ds))
+        bs = self.cfg.trainer.val_batch_size
+        manager = LLMGenerationManager(self.tokenizer, self.generator, self.gen_config, self.search_engine,
+                                       is_validation=True)
+        per_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        t0 = time.perf_counter()
+        for start in range(0, n, bs):
+            out = manager.run_llm_loop(ds.collate(list(range(start, min(start + bs, n)))))
+            texts = self.response_texts(out)
+            nt = out.non_tensor_batch
+            for text, gold, source, searches in zip(texts, nt["golden_answers"], nt["data_source"],
+                                                    out.meta_info.get("valid_search_stats", [0] * len(texts))):
+                gold = list(gold)
+                rec = per_source[str(source)]
+                rec["em"].append(em_score(text, gold))
+                rec["f1"].append(f1_score(text, gold))
+                rec["reward"].append(float(self.reward_fn(text, gold)))
+                rec["format_valid"].append(float(check_format_correctness(text) > 0))
+                rec["searches"].append(float(searches))
+        metrics: dict[str, float] = {}
+        totals: dict[str, list[float]] = defaultdict(list)
+        for source, rec in sorted(per_source.items()):
+            for k, v in rec.items():
+                metrics[f"val/{source}/{k}"] = _mean(v)
+                totals[k].extend(v)
+        metrics.update({f"val/{k}": _mean(v) for k, v in totals.items()})
+        metrics["val/n"] = float(n)
+        metrics["timing/validate"] = time.perf_counter() - t0
+        return metrics
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def save_checkpoint(self, step: int) -> str:
+        from search_r1.trainer.checkpoint import capture_rng_state
+
+        extra = {"step": step, "config": self.cfg.to_dict()}
+        paths = self.wg.save_checkpoint(str(self.checkpoint_root), step, self.cfg.trainer.keep_last, extra,
+                                        self.train_loader.state_dict(), capture_rng_state())
+        return paths[0]
+
+    def maybe_resume(self) -> int:
+        """Load the checkpoint trainer.resume points at; returns the step it ends (0 = fresh start)."""
+        from search_r1.trainer.checkpoint import CheckpointManager, restore_rng_state
+
+        resume = self.cfg.trainer.resume
+        if resume == "none":
+            return 0
+        if resume == "auto":
+            if not self.checkpoint_root.is_dir():
+                return 0
+            path = CheckpointManager(self.checkpoint_root, keep_last=self.cfg.trainer.keep_last).latest()
+            if path is None:
+                return 0
+        else:
+            path = Path(resume).expanduser()
+        state = self.wg.load_checkpoint(str(path))[0]
+        if state["dataloader"] is not None:
+            self.train_loader.load_state_dict(state["dataloader"])
+        if state["rng"] is not None:
+            restore_rng_state(state["rng"])
+        step = int(state["step"])
+        log.warning("resumed from %s (step %d)", path, step)
+        self.global_step = step
+        return step
+
+    def _log(self, metrics: dict, step: int) -> dict:
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))
+                 or isinstance(v, float)}
+        self.history.append({"step": step, **clean})
+        if self.logger is not None:
+            self.logger.log(clean, step=step)
+        return clean

@@ -1,0 +1,419 @@
+"""The actor/rollout/reference worker of the embedded CPU trainer, on verl's single controller.
+
+`PolicyWorker` is one verl `Worker` (a Ray actor inside a `RayWorkerGroup`) that holds
+  - the HF policy, used both to sample rollouts (HFGenerator) and to train (same weights, no sync),
+  - the frozen reference model (for the KL term),
+  - AdamW + a linear-warmup LR schedule.
+The driver calls its methods with `DataProto` batches; `@register(dispatch_mode=...)` makes verl split
+the batch across ranks (DP_COMPUTE_PROTO) and concatenate the results, or send the same arguments to
+every rank (ONE_TO_ALL).
+
+Data parallelism (n_workers > 1): every rank holds a full replica; torch.distributed (gloo) is set up
+from the env verl gives each actor (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Per mini-batch each
+rank backpropagates its share of the loss normalised by the *global* token count, the gradients are
+summed with one all-reduce, so every rank applies the same update and the weights stay identical
+(`weights_digest` lets tests check it). The driver orders the batch (`arrange_for_dp`) so that the
+k-th local mini-batch of every rank together is exactly the k-th global mini-batch: DP=2 computes the
+same update as DP=1 on the same global batch.
+
+`WorkerGroupGenerator` adapts the worker group to the rollout's `Generator` protocol, so
+`LLMGenerationManager.run_llm_loop` on the driver drives generation on the workers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from verl import DataProto
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
+
+from search_r1.rollout.backends import GenOutput, SamplingParams
+
+# Seed offset between ranks so that data-parallel shards do not share sampling noise.
+RANK_SEED_STRIDE = 1_000_003
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Flat settings a worker needs (built from TrainConfig by the trainer)."""
+
+    model_name: str
+    compute_dtype: str = "float32"
+    threads: int = 1
+    seed: int = 0
+    # optimizer
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.01
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    # loss
+    clip_ratio: float = 0.2
+    kl_coef: float = 0.001
+    kl_type: str = "low_var_kl"
+    entropy_coef: float = 0.001
+    loss_agg: str = "token-mean"
+    # batching
+    ppo_epochs: int = 1
+    micro_batch_size: int = 4
+    gen_batch_size: int = 64
+    use_ref: bool = True
+
+
+def arrange_for_dp(batch: DataProto, n_mini_batches: int, world_size: int) -> DataProto:
+    """Reorder rows so that rank r's k-th local mini-batch is the r-th slice of global mini-batch k.
+
+    verl's DP_COMPUTE_PROTO gives rank r the r-th contiguous chunk; a rank then splits its chunk into
+    `n_mini_batches` contiguous mini-batches. With rows reordered by this permutation the union over
+    ranks of local mini-batch k equals rows [k*M, (k+1)*M) of the original batch (M = N / n_mini).
+    Shapes: batch of N rows, N divisible by n_mini_batches * world_size.
+    """
+    n = len(batch)
+    if world_size == 1 or n_mini_batches == 1:
+        return batch
+    if n % (n_mini_batches * world_size):
+        raise ValueError(f"batch of {n} rows cannot be split into {n_mini_batches} mini-batches x "
+                         f"{world_size} workers; make trainer.mini_batch_size * rollout.n divisible by n_workers")
+    m = n // n_mini_batches  # rows per global mini-batch
+    s = m // world_size  # rows per rank per mini-batch
+    order = [k * m + r * s + i for r in range(world_size) for k in range(n_mini_batches) for i in range(s)]
+    return batch.select_idxs(torch.tensor(order, dtype=torch.long))
+
+
+def _split_rows(n: int, size: int) -> list[slice]:
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+class PolicyWorker(Worker):
+    """Policy (also the rollout engine) + reference model + optimizer on one Ray actor."""
+
+    def __init__(self, spec: WorkerSpec):
+        super().__init__()
+        self.spec = spec
+        self.model = None
+
+    # -- setup --------------------------------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> dict:
+        """Load policy + reference, build optimizer/scheduler, join the gloo group (world > 1)."""
+        from search_r1.models import load_model_and_tokenizer
+        from search_r1.rollout.backends import HFGenerator
+
+        spec = self.spec
+        torch.set_num_threads(spec.threads)
+        torch.manual_seed(spec.seed)
+        if self.world_size > 1 and not torch.distributed.is_initialized():
+            torch.distributed.init_process_group(
+                "gloo", rank=self.rank, world_size=self.world_size,
+                init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}")
+        self.model, self.tokenizer = load_model_and_tokenizer(spec.model_name, dtype=torch.float32)
+        self.model.eval()  # no dropout: log-probs of training and of old/ref passes must agree
+        self.ref_model = None
+        if spec.use_ref:
+            self.ref_model, _ = load_model_and_tokenizer(spec.model_name, dtype=torch.float32)
+            self.ref_model.eval().requires_grad_(False)
+        self._broadcast_weights()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=spec.lr, betas=spec.betas,
+                                           weight_decay=spec.weight_decay)
+        warmup = spec.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)) if warmup else 1.0)
+        self.generator = HFGenerator(self.model, self.tokenizer, batch_size=spec.gen_batch_size)
+        return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
+                "threads": torch.get_num_threads(), "n_params": sum(p.numel() for p in self.params)}
+
+    def _broadcast_weights(self) -> None:
+        if self.world_size > 1:  # loading is deterministic, but a broadcast makes equality a fact
+            for p in self.model.state_dict().values():
+                torch.distributed.broadcast(p, src=0)
+
+    def _autocast(self):
+        if self.spec.compute_dtype == "bfloat16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return torch.autocast("cpu", enabled=False)
+
+    # -- rollout ------------------------------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, data: DataProto) -> DataProto:
+        """Sample continuations of `prompt_ids` (object array of id lists) with the policy.
+
+        meta_info["sampling"]: SamplingParams fields. Returns object arrays token_ids, logprobs,
+        finish_reason (one entry per input row).
+        """
+        params = SamplingParams(**data.meta_info["sampling"])
+        if params.seed is not None:
+            params = dataclasses.replace(params, seed=params.seed + self.rank * RANK_SEED_STRIDE)
+        prompts = [list(map(int, p)) for p in data.non_tensor_batch["prompt_ids"]]
+        with torch.no_grad(), self._autocast():
+            outs = self.generator.generate(prompts, params)
+        return DataProto.from_dict(non_tensors={
+            "token_ids": _objects([list(o.token_ids) for o in outs]),
+            "logprobs": _objects([list(o.logprobs) for o in outs]),
+            "finish_reason": _objects([o.finish_reason for o in outs]),
+        })
+
+    # -- log-probs ----------------------------------------------------------------------------------
+    def _forward_logprobs(self, model, data: DataProto, rows: slice, with_entropy: bool):
+        """log p(response token) (and entropy) for rows of the batch, padding trimmed.
+
+        input_ids = [left-padded prompt (P) | right-padded response (R)], T = P + R. The logits at
+        position t predict token t+1, so the response tokens [P, T) are scored by positions [P-1, T-1).
+        Columns that are padding in every row of the micro-batch are cut off on both sides, and only
+        the response logits are materialised (`logits_to_keep`).
+        Returns logp (m, R) and entropy (m, R) or None; zero past the trimmed end.
+        """
+        ids = data.batch["input_ids"][rows]  # (m, T)
+        attn = data.batch["attention_mask"][rows]  # (m, T)
+        pos = data.batch["position_ids"][rows]  # (m, T)
+        R = data.batch["responses"].shape[1]
+        T = ids.shape[1]
+        P = T - R
+        live = attn.any(dim=0).nonzero().flatten()
+        a = int(live[0]) if len(live) else P - 1
+        a = min(a, P - 1)  # keep at least the last prompt column (it scores response token 0)
+        e = max(int(live[-1]) + 1 if len(live) else P + 1, P + 1)  # at least one response column
+        r_eff = e - P
+        with self._autocast():
+            out = model(input_ids=ids[:, a:e], attention_mask=attn[:, a:e], position_ids=pos[:, a:e],
+                        use_cache=False, logits_to_keep=r_eff + 1)
+        logits = out.logits[:, :-1].float()  # (m, r_eff, V): positions P-1 .. e-2
+        targets = ids[:, P:e]  # (m, r_eff)
+        logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        ent = None
+        if with_entropy:
+            from search_r1.algos import entropy_from_logits
+            ent = entropy_from_logits(logits)  # (m, r_eff)
+        pad = R - r_eff
+        if pad:
+            logp = torch.nn.functional.pad(logp, (0, pad))
+            ent = torch.nn.functional.pad(ent, (0, pad)) if ent is not None else None
+        return logp, ent
+
+    def _batched_logprobs(self, model, data: DataProto) -> torch.Tensor:
+        with torch.no_grad():
+            parts = [self._forward_logprobs(model, data, rows, with_entropy=False)[0]
+                     for rows in _split_rows(len(data), self.spec.micro_batch_size)]
+        return torch.cat(parts, dim=0)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """old_log_probs (N, R): the current policy's log-probs of the sampled response tokens."""
+        return DataProto.from_dict(tensors={"old_log_probs": self._batched_logprobs(self.model, data)})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """ref_log_prob (N, R) under the frozen reference model."""
+        if self.ref_model is None:
+            raise ValueError("this worker was built without a reference model (kl_coef=0)")
+        return DataProto.from_dict(tensors={"ref_log_prob": self._batched_logprobs(self.ref_model, data)})
+
+    # -- update -------------------------------------------------------------------------------------
+    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            torch.distributed.all_reduce(t)
+        return t
+
+    def _normalizer(self, mask: torch.Tensor) -> float:
+        """Global (all ranks) denominator of the loss aggregation for this mini-batch."""
+        if self.spec.loss_agg == "token-mean":
+            local = mask.sum()
+        else:  # seq-mean-*: number of sequences with at least one generated token
+            local = (mask.sum(dim=-1) > 0).sum()
+        return float(self._all_reduce(local.to(torch.float64).clone()).clamp_min(1.0))
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    def update_actor(self, data: DataProto) -> dict:
+        """PPO-clip + K3 KL - entropy bonus over mini-batches; one scheduler step per call.
+
+        data (local shard, arranged with `arrange_for_dp`): input_ids, attention_mask, position_ids,
+        responses, response_mask (N, R), old_log_probs, ref_log_prob, advantages (N, R).
+        meta_info["n_mini_batches"]: mini-batches per epoch (same on every rank).
+
+            loss = PPO-clip(logp, old, A) + kl_coef * KL_k3(logp, ref) - entropy_coef * H(pi)
+
+        each term aggregated over response_mask across the global mini-batch. Returns metrics
+        averaged over mini-batches (identical on every rank after the all-reduces).
+        """
+        from search_r1.algos import agg_loss, get_kl_estimator, ppo_clip_loss
+
+        spec = self.spec
+        kl_fn = get_kl_estimator(spec.kl_type)
+        n_mini = int(data.meta_info["n_mini_batches"])
+        # The model stays in eval mode: dropout is 0 in these models, and eval keeps the first
+        # mini-batch's log-probs bit-identical to compute_log_prob's (ratio exactly 1 on-policy).
+        sums: dict[str, float] = {}
+        n_updates = 0
+        for _ in range(spec.ppo_epochs):
+            for mb in _chunk(data, n_mini):
+                mask = mb.batch["response_mask"].float()  # (n, R) 1 = generated token
+                norm = self._normalizer(mask)
+                self.optimizer.zero_grad(set_to_none=False)
+                stats = torch.zeros(6, dtype=torch.float64)  # pg, kl, ent, clipfrac*T, ppo_kl*T, tokens
+                for rows in _split_rows(len(mb), spec.micro_batch_size):
+                    m = mask[rows]
+                    logp, ent = self._forward_logprobs(self.model, mb, rows,
+                                                       with_entropy=spec.entropy_coef > 0)
+                    pg, st = ppo_clip_loss(logp, mb.batch["old_log_probs"][rows], mb.batch["advantages"][rows],
+                                           m, clip=spec.clip_ratio, agg=spec.loss_agg, normalizer=norm)
+                    loss = pg
+                    kl = torch.zeros(())
+                    if spec.kl_coef > 0:
+                        kl = agg_loss(kl_fn(logp, mb.batch["ref_log_prob"][rows]), m, spec.loss_agg, norm)
+                        loss = loss + spec.kl_coef * kl
+                    ent_term = torch.zeros(())
+                    if ent is not None:
+                        ent_term = agg_loss(ent, m, spec.loss_agg, norm)
+                        loss = loss - spec.entropy_coef * ent_term
+                    loss.backward()
+                    t = float(m.sum())
+                    stats += torch.tensor([pg.item(), kl.item(), ent_term.item(),
+                                           st["actor/pg_clipfrac"] * t, st["actor/ppo_kl"] * t, t],
+                                          dtype=torch.float64)
+                self._all_reduce_grads()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, spec.grad_clip)
+                if torch.isfinite(grad_norm):
+                    self.optimizer.step()
+                else:  # a non-finite gradient would poison AdamW's moments on every rank
+                    self.optimizer.zero_grad(set_to_none=False)
+                self._all_reduce(stats)
+                tokens = max(float(stats[5]), 1.0)
+                for k, v in {"actor/pg_loss": stats[0], "actor/kl_loss": stats[1], "actor/entropy": stats[2],
+                             "actor/pg_clipfrac": stats[3] / tokens, "actor/ppo_kl": stats[4] / tokens,
+                             "actor/grad_norm": grad_norm, "actor/update_tokens": stats[5]}.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                n_updates += 1
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        metrics = {k: v / n_updates for k, v in sums.items()}
+        metrics["actor/lr"] = lr
+        metrics["actor/grad_nonfinite"] = float(not math.isfinite(metrics["actor/grad_norm"]))
+        return metrics
+
+    def _all_reduce_grads(self) -> None:
+        """Sum gradients over ranks in one flat buffer (each rank's loss is already / global count)."""
+        if self.world_size == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        torch.distributed.all_reduce(flat)
+        offset = 0
+        for p, g in zip(self.params, grads):
+            n = g.numel()
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            p.grad.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
+
+    # -- checkpoints and inspection -----------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, root: str, step: int, keep_last: int, extra_state: dict,
+                        dataloader_state: dict, rng_state: dict) -> str | None:
+        """Rank 0 writes an atomic checkpoint via CheckpointManager; returns its path (None elsewhere)."""
+        from search_r1.trainer.checkpoint import CheckpointManager
+
+        path = None
+        if self.rank == 0:
+            path = str(CheckpointManager(root, keep_last=keep_last).save(
+                step, self.model, self.tokenizer, optimizer_state=self.optimizer.state_dict(),
+                scheduler_state=self.scheduler.state_dict(), extra_state=extra_state,
+                dataloader_state=dataloader_state, rng_state=rng_state))
+        if self.world_size > 1:
+            torch.distributed.barrier()  # nobody runs ahead of a checkpoint that may be resumed
+        return path
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> dict:
+        """Load weights, optimizer and scheduler state from a checkpoint directory (every rank)."""
+        from search_r1.trainer.checkpoint import load_checkpoint
+
+        state = load_checkpoint(path, model=self.model)
+        if state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        return {"step": state["step"], "extra_state": state["extra_state"],
+                "dataloader": state["dataloader"], "rng": state["rng"]}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weights_digest(self) -> list[float]:
+        """Per-parameter sums of the policy weights (float64), to compare replicas and runs."""
+        return [float(p.detach().double().sum()) for p in self.model.parameters()]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def state_dict_copy(self) -> dict:
+        """The policy weights (for tests comparing two worker groups)."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+
+def _chunk(data: DataProto, n: int) -> list[DataProto]:
+    return data.chunk(n) if n > 1 else [data]
+
+
+def _objects(values: list) -> np.ndarray:
+    arr = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        arr[i] = v
+    return arr
+
+
+class WorkerGroupGenerator:
+    """`Generator` over a worker group: prompts split evenly across ranks, results in input order.
+
+    The list is padded with copies of its last prompt up to a multiple of the world size (verl's
+    DP split wants equal shards); the extra outputs are dropped.
+    """
+
+    def __init__(self, worker_group):
+        self.worker_group = worker_group
+        self.seconds = 0.0
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenOutput]:
+        if not prompts:
+            return []
+        t0 = time.perf_counter()
+        world = self.worker_group.world_size
+        padded = list(prompts) + [prompts[-1]] * (-len(prompts) % world)
+        batch = DataProto.from_dict(non_tensors={"prompt_ids": _objects([list(p) for p in padded])},
+                                    meta_info={"sampling": dataclasses.asdict(params)})
+        out = self.worker_group.generate_sequences(batch)
+        nt = out.non_tensor_batch
+        results = [GenOutput(token_ids=list(nt["token_ids"][i]), logprobs=list(nt["logprobs"][i]),
+                             finish_reason=str(nt["finish_reason"][i])) for i in range(len(prompts))]
+        self.seconds += time.perf_counter() - t0
+        return results
+
+
+def create_worker_group(spec: WorkerSpec, n_workers: int):
+    """Start `n_workers` PolicyWorker actors on CPU (Ray must be initialised); returns (group, pool).
+
+    Each actor gets a placement-group bundle of one logical CPU (max_colocate_count=1: verl's default
+    of 10 CPUs per bundle would never fit a small machine); torch threads are set by `spec.threads`.
+    """
+    import ray
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+    pool = RayResourcePool(process_on_nodes=[n_workers], use_gpu=False, max_colocate_count=1)
+    cls = RayClassWithInitArgs(cls=ray.remote(PolicyWorker), spec=spec)
+    env = {"OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads),
+           "TOKENIZERS_PARALLELISM": "false"}
+    group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls, worker_env=env)
+    group.init_model()
+    return group, pool
+
+
+def shutdown_worker_group(group, pool) -> None:
+    """Kill the actors and release their placement groups (the Ray session stays up)."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    for w in group.workers:
+        ray.kill(w)
+    for pg in pool.pgs or []:
+        remove_placement_group(pg)
