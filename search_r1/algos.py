@@ -214,7 +214,7 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean
     Rows with an empty mask count for nothing. Shapes: loss_mat, mask (N, L) -> ().
     """
     if mode not in AGG_MODES:
-        raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {list(AGG_MODES)} (actor.loss_agg_mode)")
+        raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {list(AGG_MODES)} (algorithm.loss_agg)")
     if mode == "token-mean":
         denom = mask.sum().clamp_min(1e-8) if normalizer is None else normalizer  # empty mask -> 0, not NaN
         return masked_sum(loss_mat, mask) / denom
@@ -298,9 +298,9 @@ ADV_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
 
 def get_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
     """The policy loss registered as `name` (`ppo_clip`, alias `vanilla`)."""
-    return _lookup(POLICY_LOSSES, "policy loss (actor.policy_loss)", name)
+    return _lookup(POLICY_LOSSES, "policy loss", name)
 
 
 def get_adv_estimator(name: str) -> Callable[..., torch.Tensor]:
     """The advantage estimator registered as `name` (`grpo`)."""
-    return _lookup(ADV_ESTIMATORS, "advantage estimator (algorithm.adv_estimator)", name)
+    return _lookup(ADV_ESTIMATORS, "advantage estimator", name)
