@@ -33,7 +33,7 @@ PERSON_BIO = (
     "{name} was born in {year} in the city of {city}. {He} worked as {a_occ}.",
 )
 PERSON_FILLER = (
-    "{He} was the eldest of {n} children.",
+    "{He} was the eldest of {kids} children.",
     "Colleagues described {him} as {trait} and hard-working.",
     "An early interest in {topic} shaped the rest of {his} life.",
     "{He} spent several years travelling before settling down.",
@@ -97,6 +97,65 @@ INVENTION_INTRO = ("The {name} is {a_device} invented by {inventor} in {year}.",
 INVENTION_FILLER = ("Early models were {adj} and expensive.", "The {name} was produced by {maker}.",
                     "Later versions of the {name} became common in workshops.")
 ADJECTIVES = ("heavy", "reliable", "elegant", "noisy", "durable", "precise")
+
+# Background sentences that pad a passage towards encyclopedia length. They name no other entity and
+# avoid the questions' key words (born, founded, invented, capital, river, ...), so they add lexical
+# noise without stating or hinting at any answer.
+PAD = {
+    "person": PERSON_FILLER + (
+        "{His} work was widely discussed during {his} lifetime.",
+        "{He} kept a detailed diary for most of {his} career.",
+        "Several of {his} students later became well known in their own right.",
+        "{He} was a member of several learned societies.",
+        "A portrait of {him} hangs in a small regional museum.",
+        "{He} wrote {n} short essays on {topic}.",
+    ),
+    "city": (
+        "The old town is built around a market square.",
+        "Its streets are known for their {feature}.",
+        "The local economy relies on trade and small workshops.",
+        "Winters there are mild and summers are long.",
+        "A weekly market draws farmers from the surrounding villages.",
+        "The town hall is built of grey stone.",
+        "Many visitors come for the {feature}.",
+    ),
+    "country": (
+        "The country is divided into {n} provinces.",
+        "Its parliament meets twice a year.",
+        "Agriculture and mining are important to its economy.",
+        "Most of its people live in small towns and villages.",
+        "The national flag shows a {colour} field with a white star.",
+    ),
+    "river": (
+        "Its valley is known for its {feature}.",
+        "The water is navigable for part of its course.",
+        "Fishing has long been important along its banks.",
+        "Several old mills stand beside the water.",
+        "Spring floods once made the lower valley hard to farm.",
+    ),
+    "university": (
+        "It has faculties of law, medicine and natural sciences.",
+        "The main library holds a large collection of old maps.",
+        "About {n} students are enrolled each year.",
+        "Its motto is carved above the main gate.",
+        "The institution is known for its work in {topic}.",
+    ),
+    "company": COMPANY_FILLER + (
+        "The firm exported much of its output.",
+        "It opened a second factory a few decades later.",
+        "The company's records are kept in a regional archive.",
+        "Its workshops were known for {adj} craftsmanship.",
+    ),
+    "invention": (
+        "It was widely copied by other makers.",
+        "The design was patented soon afterwards.",
+        "Museums still display early examples.",
+        "Early models were {adj} and expensive.",
+    ),
+}
+COLOURS = ("red", "blue", "green", "yellow", "black", "purple")
+PAD_WORDS = 30  # pad passages shorter than this many words, with at most MAX_PAD sentences
+MAX_PAD = 3
 DISAMBIG_SURNAME = "{name} is a surname. People with this surname include {list}."
 DISAMBIG_PLACE = "{name} may refer to: {list}."
 
@@ -112,6 +171,26 @@ def template_vocabulary() -> set[str]:
             if isinstance(s, str):
                 words.update(w.lower() for w in re.findall(r"[A-Za-z]+", re.sub(r"\{\w+\}", " ", s)))
     return words
+
+
+def _pad(rng: random.Random, kind: str, text: str, female: bool = False) -> str:
+    """Append background sentences of `kind` to `text` until it has about PAD_WORDS words."""
+    n_words = len(text.split())
+    if n_words >= PAD_WORDS:
+        return text
+    pool = PAD[kind]
+    parts = [text]
+    for template in rng.sample(pool, min(MAX_PAD, len(pool))):
+        sentence = template.format(n=rng.randint(3, 40), kids=rng.randint(2, 8),
+                                   trait=rng.choice(TRAITS), topic=rng.choice(TOPICS),
+                                   feature=rng.choice(FEATURES),
+                                   adj=rng.choice(ADJECTIVES), colour=rng.choice(COLOURS),
+                                   **_pronouns(female))
+        parts.append(sentence)
+        n_words += len(sentence.split())
+        if n_words >= PAD_WORDS:
+            break
+    return " ".join(parts)
 
 
 def _a(noun: str) -> str:
@@ -141,7 +220,7 @@ def person_passages(p, w: World, rng: random.Random):
     pr = _pronouns(p.female)
     bio = rng.choice(PERSON_BIO).format(name=p.name, occ=p.occupation, a_occ=_a(p.occupation),
                                         year=p.birth_year, city=ents[p.birth_city].name, **pr)
-    filler = rng.choice(PERSON_FILLER).format(n=rng.randint(2, 7), trait=rng.choice(TRAITS),
+    filler = rng.choice(PERSON_FILLER).format(kids=rng.randint(2, 8), trait=rng.choice(TRAITS),
                                               topic=rng.choice(TOPICS), **pr)
     out = [(p.name, f"{bio} {filler}", ((p.eid, "birth_city"), (p.eid, "birth_year")))]
     career: list[tuple[str, tuple]] = []
@@ -171,7 +250,7 @@ def person_passages(p, w: World, rng: random.Random):
         later = rng.choice(PERSON_LATER).format(
             name=p.name, city=ents[rng.choice(w.city_ids)].name,
             year=min(p.birth_year + rng.randint(45, 90), 2024), **pr)
-        filler = rng.choice(PERSON_FILLER).format(n=rng.randint(2, 7), trait=rng.choice(TRAITS),
+        filler = rng.choice(PERSON_FILLER).format(kids=rng.randint(2, 8), trait=rng.choice(TRAITS),
                                                   topic=rng.choice(TOPICS), **pr)
         out.append((p.name, f"{later} {filler}", ()))
     return out
@@ -274,7 +353,9 @@ RENDERERS = {
 
 def entity_passages(e, w: World, rng: random.Random):
     """The passages of entity `e`: a list of `(title, text, facts)`."""
-    return RENDERERS[e.kind](e, w, rng)
+    female = getattr(e, "female", False)
+    return [(title, _pad(rng, e.kind, text, female), facts)
+            for title, text, facts in RENDERERS[e.kind](e, w, rng)]
 
 
 def disambiguation_passages(w: World):

@@ -12,8 +12,8 @@ search. The same seed gives the same bytes in every output file. Output director
     meta.json                 counts and parameters; written last, so its presence marks a
                               complete world
 
-Sizes: about 3.3 passages per entity (1,000 entities -> ~3,300 passages in about a second;
-300,000 entities -> ~1M passages). The corpus is streamed to disk entity by entity; only the world's
+Sizes: about 2.5 passages per entity (1,000 entities -> ~2,500 passages in about a second;
+400,000 entities -> ~1M passages). The corpus is streamed to disk entity by entity; only the world's
 entities and the selected questions are kept in memory.
 """
 from __future__ import annotations
@@ -244,7 +244,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed; fixes every output byte")
     p.add_argument("--n-entities", type=int, default=DEFAULT_N_ENTITIES,
                    help=f"number of entities (people, cities, companies, ...), at least {MIN_ENTITIES}; "
-                        "the corpus has about 3.3 passages per entity (300000 -> ~1M passages)")
+                        "the corpus has about 2.5 passages per entity (400000 -> ~1M passages)")
     p.add_argument("--test-fraction", type=float, default=DEFAULT_TEST_FRACTION,
                    help="share of subject entities whose questions go to the test split")
     p.add_argument("--max-train", type=int, default=DEFAULT_MAX_TRAIN,
