@@ -36,7 +36,8 @@ class GenerationConfig:
 
     max_turns: generation rounds in which a search is allowed; one more round without search follows.
     max_start_length: longest prompt accepted; a longer prompt is not rolled out (truncated flag).
-    max_prompt_length: longest rolling context (prompt + response so far) fed to the generator.
+    max_prompt_length: longest rolling context: prompt + response, including the turn being
+        generated, never exceeds it (so neither does any sequence the policy is trained on).
     max_response_length: longest response (generated + observation tokens over all turns). Upstream
         used this number per turn; here it bounds the whole response, so `responses` has a known
         maximum width.
