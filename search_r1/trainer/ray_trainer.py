@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -304,8 +303,8 @@ class RayGRPOTrainer:
         return step
 
     def _log(self, metrics: dict, step: int) -> dict:
-        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))
-                 or isinstance(v, float)}
+        # non-finite values are kept: MetricsLogger records them as null and warns, tests catch them
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float, np.floating))}
         self.history.append({"step": step, **clean})
         if self.logger is not None:
             self.logger.log(clean, step=step)

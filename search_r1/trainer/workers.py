@@ -103,7 +103,6 @@ class PolicyWorker(Worker):
     def init_model(self) -> dict:
         """Load policy + reference, build optimizer/scheduler, join the gloo group (world > 1)."""
         from search_r1.models import load_model_and_tokenizer
-        from search_r1.rollout.backends import HFGenerator
 
         spec = self.spec
         torch.set_num_threads(spec.threads)
@@ -125,7 +124,7 @@ class PolicyWorker(Worker):
         warmup = spec.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)) if warmup else 1.0)
-        self.generator = HFGenerator(self.model, self.tokenizer, batch_size=spec.gen_batch_size)
+        self.generator = None  # built on first use (shares self.model: rollout = current weights)
         return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
                 "threads": torch.get_num_threads(), "n_params": sum(p.numel() for p in self.params)}
 
@@ -147,6 +146,10 @@ class PolicyWorker(Worker):
         meta_info["sampling"]: SamplingParams fields. Returns object arrays token_ids, logprobs,
         finish_reason (one entry per input row).
         """
+        if self.generator is None:
+            from search_r1.rollout.backends import HFGenerator
+
+            self.generator = HFGenerator(self.model, self.tokenizer, batch_size=self.spec.gen_batch_size)
         params = SamplingParams(**data.meta_info["sampling"])
         if params.seed is not None:
             params = dataclasses.replace(params, seed=params.seed + self.rank * RANK_SEED_STRIDE)
@@ -194,7 +197,8 @@ class PolicyWorker(Worker):
         if pad:
             logp = torch.nn.functional.pad(logp, (0, pad))
             ent = torch.nn.functional.pad(ent, (0, pad)) if ent is not None else None
-        return logp, ent
+        live_resp = attn[:, P:].to(logp.dtype)  # (m, R) 0 on response padding: no made-up numbers there
+        return logp * live_resp, (ent * live_resp if ent is not None else None)
 
     def _batched_logprobs(self, model, data: DataProto) -> torch.Tensor:
         with torch.no_grad():
@@ -241,10 +245,7 @@ class PolicyWorker(Worker):
         each term aggregated over response_mask across the global mini-batch. Returns metrics
         averaged over mini-batches (identical on every rank after the all-reduces).
         """
-        from search_r1.algos import agg_loss, get_kl_estimator, ppo_clip_loss
-
         spec = self.spec
-        kl_fn = get_kl_estimator(spec.kl_type)
         n_mini = int(data.meta_info["n_mini_batches"])
         # The model stays in eval mode: dropout is 0 in these models, and eval keeps the first
         # mini-batch's log-probs bit-identical to compute_log_prob's (ratio exactly 1 on-policy).
@@ -252,30 +253,9 @@ class PolicyWorker(Worker):
         n_updates = 0
         for _ in range(spec.ppo_epochs):
             for mb in _chunk(data, n_mini):
-                mask = mb.batch["response_mask"].float()  # (n, R) 1 = generated token
-                norm = self._normalizer(mask)
+                norm = self._normalizer(mb.batch["response_mask"].float())
                 self.optimizer.zero_grad(set_to_none=False)
-                stats = torch.zeros(6, dtype=torch.float64)  # pg, kl, ent, clipfrac*T, ppo_kl*T, tokens
-                for rows in _split_rows(len(mb), spec.micro_batch_size):
-                    m = mask[rows]
-                    logp, ent = self._forward_logprobs(self.model, mb, rows,
-                                                       with_entropy=spec.entropy_coef > 0)
-                    pg, st = ppo_clip_loss(logp, mb.batch["old_log_probs"][rows], mb.batch["advantages"][rows],
-                                           m, clip=spec.clip_ratio, agg=spec.loss_agg, normalizer=norm)
-                    loss = pg
-                    kl = torch.zeros(())
-                    if spec.kl_coef > 0:
-                        kl = agg_loss(kl_fn(logp, mb.batch["ref_log_prob"][rows]), m, spec.loss_agg, norm)
-                        loss = loss + spec.kl_coef * kl
-                    ent_term = torch.zeros(())
-                    if ent is not None:
-                        ent_term = agg_loss(ent, m, spec.loss_agg, norm)
-                        loss = loss - spec.entropy_coef * ent_term
-                    loss.backward()
-                    t = float(m.sum())
-                    stats += torch.tensor([pg.item(), kl.item(), ent_term.item(),
-                                           st["actor/pg_clipfrac"] * t, st["actor/ppo_kl"] * t, t],
-                                          dtype=torch.float64)
+                stats = self.accumulate_grads(mb, norm)
                 self._all_reduce_grads()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, spec.grad_clip)
                 if torch.isfinite(grad_norm):
@@ -295,6 +275,39 @@ class PolicyWorker(Worker):
         metrics["actor/lr"] = lr
         metrics["actor/grad_nonfinite"] = float(not math.isfinite(metrics["actor/grad_norm"]))
         return metrics
+
+    def accumulate_grads(self, mb: DataProto, norm: float) -> torch.Tensor:
+        """Backpropagate the loss of one (local) mini-batch in micro-batches; grads accumulate.
+
+        `norm` is the global aggregation denominator, so the summed micro-batch losses of all ranks
+        equal the loss of the global mini-batch. Returns float64 sums
+        [pg_loss, kl_loss, entropy, clipfrac * tokens, ppo_kl * tokens, tokens].
+        """
+        from search_r1.algos import agg_loss, get_kl_estimator, ppo_clip_loss
+
+        spec = self.spec
+        kl_fn = get_kl_estimator(spec.kl_type)
+        mask = mb.batch["response_mask"].float()  # (n, R) 1 = generated token, 0 = observation/padding
+        stats = torch.zeros(6, dtype=torch.float64)
+        for rows in _split_rows(len(mb), spec.micro_batch_size):
+            m = mask[rows]
+            logp, ent = self._forward_logprobs(self.model, mb, rows, with_entropy=spec.entropy_coef > 0)
+            pg, st = ppo_clip_loss(logp, mb.batch["old_log_probs"][rows], mb.batch["advantages"][rows],
+                                   m, clip=spec.clip_ratio, agg=spec.loss_agg, normalizer=norm)
+            loss = pg
+            kl = torch.zeros(())
+            if spec.kl_coef > 0:
+                kl = agg_loss(kl_fn(logp, mb.batch["ref_log_prob"][rows]), m, spec.loss_agg, norm)
+                loss = loss + spec.kl_coef * kl
+            ent_term = torch.zeros(())
+            if ent is not None:
+                ent_term = agg_loss(ent, m, spec.loss_agg, norm)
+                loss = loss - spec.entropy_coef * ent_term
+            loss.backward()
+            t = float(m.sum())
+            stats += torch.tensor([pg.item(), kl.item(), ent_term.item(),
+                                   st["actor/pg_clipfrac"] * t, st["actor/ppo_kl"] * t, t], dtype=torch.float64)
+        return stats
 
     def _all_reduce_grads(self) -> None:
         """Sum gradients over ranks in one flat buffer (each rank's loss is already / global count)."""

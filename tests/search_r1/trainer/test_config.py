@@ -1,0 +1,105 @@
+"""Trainer config: every shipped YAML validates, code defaults equal the YAML, and bad values fail
+fast with a message naming the key, the value, the allowed values and the fix."""
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from search_r1.trainer.config import TrainConfig
+from search_r1.trainer.main import StartupError, check_cores, check_retriever, prepare_data
+
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
+TRAINER_CONFIGS = sorted(p.stem for p in CONFIG_DIR.glob("grpo_*.yaml"))
+
+
+def load(name: str, overrides=()) -> dict:
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name=name, overrides=list(overrides))
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    raw.pop("hydra", None)
+    return raw
+
+
+def test_trainer_configs_are_shipped():
+    assert "grpo_cpu" in TRAINER_CONFIGS
+
+
+@pytest.mark.parametrize("name", TRAINER_CONFIGS)
+def test_every_shipped_config_validates(name):
+    cfg = TrainConfig.from_dict(load(name))
+    assert cfg.trainer.batch_size % cfg.trainer.mini_batch_size == 0
+
+
+def test_code_defaults_equal_the_default_yaml():
+    assert TrainConfig.from_dict(load("grpo_cpu")) == TrainConfig()
+
+
+def test_every_yaml_field_has_a_comment_above_it():
+    for path in CONFIG_DIR.glob("grpo_*.yaml"):
+        lines = path.read_text().splitlines()
+        section = None
+        for i, line in enumerate(lines):
+            if line and not line.startswith((" ", "#")):
+                section = line.split(":")[0]
+            elif section != "hydra" and line.startswith("  ") and not line.lstrip().startswith("#") and ":" in line:
+                assert lines[i - 1].lstrip().startswith("#"), f"{path.name}:{i + 1} `{line.strip()}` has no comment"
+
+
+def test_hydra_overrides_reach_the_dataclasses():
+    cfg = TrainConfig.from_dict(load("grpo_cpu", ["rollout.n=2", "optim.lr=3e-5", "algorithm.reward=em"]))
+    assert (cfg.rollout.n, cfg.optim.lr, cfg.algorithm.reward) == (2, 3e-5, "em")
+
+
+@pytest.mark.parametrize("overrides, fragments", [
+    (["algorithm.reward=bleu"], ["algorithm.reward", "'bleu'", "'seed'", "Fix"]),
+    (["trainer.batch_size=3", "trainer.mini_batch_size=2"], ["trainer.batch_size", "multiple", "mini_batch_size"]),
+    (["trainer.n_workers=3"], ["trainer.n_workers", "divisor"]),
+    (["algorithm.grpo_std=sample"], ["algorithm.grpo_std", "population"]),
+    (["rollout.top_p=1.5"], ["rollout.top_p", "(0, 1]"]),
+    (["trainer.total_steps=ten"], ["trainer.total_steps", "integer"]),
+    (["trainer.resume=/no/such/ckpt"], ["trainer.resume", "auto"]),
+    (["data.train_files=[/no/such/train.parquet]"], ["data.train_files", "/no/such/train.parquet", "does not exist"]),
+    (["data.dir=/no/such/dir"], ["data.dir", "train.parquet", "auto"]),
+    (["retriever.url=localhost:8000"], ["retriever.url", "http://"]),
+    (["trainer.loggers=[console,mlflow]"], ["loggers", "mlflow", "wandb"]),
+])
+def test_bad_config_fails_fast_naming_key_and_fix(overrides, fragments):
+    with pytest.raises(ValueError) as err:
+        TrainConfig.from_dict(load("grpo_cpu", overrides))
+    for fragment in fragments:
+        assert fragment in str(err.value), (fragment, str(err.value))
+
+
+def test_unknown_keys_and_sections_are_errors():
+    raw = load("grpo_cpu")
+    raw["trainer"]["total_step"] = 3
+    with pytest.raises(ValueError, match=r"trainer\.total_step.*valid keys"):
+        TrainConfig.from_dict(raw)
+    with pytest.raises(ValueError, match="unknown config section"):
+        TrainConfig.from_dict({**load("grpo_cpu"), "critic": {}})
+
+
+def test_too_many_threads_for_the_cores_is_an_error():
+    cfg = TrainConfig.from_dict(load("grpo_cpu", ["trainer.threads_per_worker=1000"]))
+    with pytest.raises(ValueError, match="threads_per_worker"):
+        check_cores(cfg)
+
+
+def test_unreachable_retriever_fails_fast_with_the_fix():
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(StartupError, match=r"unreachable.*retriever_server serve"):
+        check_retriever(f"http://127.0.0.1:{port}/retrieve", timeout=1.0)
+
+
+def test_missing_data_file_at_startup(tmp_path):
+    (tmp_path / "train.parquet").write_bytes(b"")
+    (tmp_path / "test.parquet").write_bytes(b"")
+    cfg = TrainConfig.from_dict(load("grpo_cpu", [f"data.dir={tmp_path}"]))
+    (tmp_path / "test.parquet").unlink()  # removed after validation: caught again at startup
+    with pytest.raises(StartupError, match="test.parquet does not exist"):
+        prepare_data(cfg)

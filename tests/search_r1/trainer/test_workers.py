@@ -1,0 +1,141 @@
+"""PolicyWorker: log-probs against an unpadded reference forward, the update lowers the surrogate
+loss, observation tokens get no gradient, and DP=2 equals DP=1 on the same global batch with
+identical replicas. Model: tiny-random-qwen3 (3M parameters)."""
+import pytest
+import torch
+from verl import DataProto
+
+from search_r1.trainer.workers import WorkerSpec, arrange_for_dp
+
+MODEL = "tiny-random-qwen3"
+
+
+def fixed_batch(n=4, p=6, r=5, seed=0) -> DataProto:
+    """Left-padded prompts + right-padded responses; response column 1 is an 'observation' (mask 0)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 1000, (n, p + r), generator=g)
+    attn = torch.ones(n, p + r, dtype=torch.long)
+    attn[0, :2] = 0  # prompt padding
+    attn[1, -2:] = 0  # response padding
+    if n > 2:
+        attn[2, :1] = 0
+        attn[2, -1:] = 0
+    pos = torch.clip(attn.cumsum(-1) - 1, min=0)
+    response_mask = attn[:, p:].clone()
+    response_mask[:, 1] = 0  # an observation token inside every response
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": attn, "position_ids": pos,
+                                "responses": ids[:, p:], "response_mask": response_mask})
+
+
+def with_targets(worker, batch: DataProto, adv_per_row) -> DataProto:
+    batch.batch["old_log_probs"] = worker.compute_log_prob(batch).batch["old_log_probs"]
+    batch.batch["ref_log_prob"] = worker.compute_ref_log_prob(batch).batch["ref_log_prob"]
+    batch.batch["advantages"] = torch.tensor(adv_per_row)[:, None] * batch.batch["response_mask"]
+    return batch
+
+
+def test_log_probs_match_unpadded_forward(local_worker_factory):
+    w = local_worker_factory(WorkerSpec(model_name=MODEL, micro_batch_size=2))
+    batch = fixed_batch()
+    ids, attn, pos = batch.batch["input_ids"], batch.batch["attention_mask"], batch.batch["position_ids"]
+    p = ids.shape[1] - batch.batch["responses"].shape[1]
+    logp = w.compute_log_prob(batch).batch["old_log_probs"]
+    for i in range(len(batch)):
+        keep = attn[i].bool()
+        x = ids[i][keep][None]
+        with torch.no_grad():
+            lg = w.model(input_ids=x, position_ids=pos[i][keep][None]).logits[0].log_softmax(-1)
+        n_prompt, n_resp = int(attn[i, :p].sum()), int(attn[i, p:].sum())
+        # logits at position t score token t + 1: response tokens by positions n_prompt-1 ...
+        expected = lg[n_prompt - 1:n_prompt - 1 + n_resp].gather(-1, x[0, n_prompt:, None]).squeeze(-1)
+        torch.testing.assert_close(logp[i, :n_resp], expected, atol=1e-5, rtol=1e-5)
+        assert (logp[i, n_resp:] == 0).all()
+    # the reference model starts equal to the policy
+    torch.testing.assert_close(w.compute_ref_log_prob(batch).batch["ref_log_prob"], logp)
+
+
+def test_update_on_fixed_batch_lowers_the_loss(local_worker_factory):
+    w = local_worker_factory(WorkerSpec(model_name=MODEL, lr=1e-3, warmup_steps=0, micro_batch_size=2))
+    batch = with_targets(w, fixed_batch(), [1.0, -1.0, 0.5, -0.5])
+    batch.meta_info["n_mini_batches"] = 1
+    m1 = w.update_actor(batch)
+    # on-policy the ratio is exactly 1, so the first loss is -token_mean(A) over generated tokens
+    mask = batch.batch["response_mask"].float()
+    expected = -float((batch.batch["advantages"] * mask).sum() / mask.sum())
+    assert m1["actor/pg_loss"] == pytest.approx(expected, abs=1e-6)
+    assert m1["actor/pg_clipfrac"] == 0.0 and m1["actor/kl_loss"] == pytest.approx(0.0, abs=1e-9)
+    m2 = w.update_actor(batch)  # same batch, same old log-probs: the surrogate went down
+    assert m2["actor/pg_loss"] < m1["actor/pg_loss"] - 1e-4
+    assert m2["actor/kl_loss"] > 0  # the policy moved away from the reference
+    for k in ("actor/entropy", "actor/grad_norm", "actor/lr", "actor/ppo_kl"):
+        assert torch.isfinite(torch.tensor(m2[k]))
+
+
+def test_observation_tokens_get_zero_gradient(local_worker_factory):
+    w = local_worker_factory(WorkerSpec(model_name=MODEL, micro_batch_size=2))
+    base = with_targets(w, fixed_batch(), [1.0, -1.0, 0.5, -0.5])
+    mask = base.batch["response_mask"].bool()
+
+    def grads(batch):
+        w.optimizer.zero_grad(set_to_none=False)
+        w.accumulate_grads(batch, norm=float(batch.batch["response_mask"].sum()))
+        return torch.cat([p.grad.reshape(-1).clone() for p in w.params])
+
+    g0 = grads(base)
+    assert g0.abs().sum() > 0
+    perturbed = DataProto.from_dict({k: v.clone() for k, v in base.batch.items()})
+    noise = torch.randn(mask.shape) * 50
+    for key in ("advantages", "old_log_probs", "ref_log_prob"):
+        perturbed.batch[key] = torch.where(mask, perturbed.batch[key], noise)  # only masked positions change
+    torch.testing.assert_close(grads(perturbed), g0, atol=0, rtol=0)
+    # control: the same perturbation on one generated token does change the gradient
+    control = DataProto.from_dict({k: v.clone() for k, v in base.batch.items()})
+    control.batch["advantages"][0, 0] += 5.0
+    assert not torch.equal(grads(control), g0)
+
+
+def test_arrange_for_dp_puts_each_global_minibatch_across_ranks():
+    batch = DataProto.from_dict({"x": torch.arange(8)})
+    arranged = arrange_for_dp(batch, n_mini_batches=2, world_size=2).batch["x"].tolist()
+    # rank 0 gets [0, 1 | 4, 5], rank 1 gets [2, 3 | 6, 7]: mini-batch 0 = {0..3}, 1 = {4..7}
+    assert arranged == [0, 1, 4, 5, 2, 3, 6, 7]
+    with pytest.raises(ValueError, match="n_workers"):
+        arrange_for_dp(DataProto.from_dict({"x": torch.arange(6)}), 2, 2)
+
+
+@pytest.mark.slow
+def test_dp2_equals_dp1_and_replicas_stay_identical(ray_session):
+    from search_r1.trainer.workers import create_worker_group, shutdown_worker_group
+
+    spec = WorkerSpec(model_name=MODEL, lr=1e-3, warmup_steps=0, micro_batch_size=2, threads=1)
+    g1, p1 = create_worker_group(spec, 1)
+    g2, p2 = create_worker_group(spec, 2)
+    try:
+        batch = fixed_batch(n=8, p=6, r=5, seed=1)
+        batch = batch.union(g1.compute_log_prob(batch))
+        batch = batch.union(g1.compute_ref_log_prob(batch))
+        # log-probs computed on 2 ranks equal those on 1 rank
+        torch.testing.assert_close(g2.compute_log_prob(batch).batch["old_log_probs"],
+                                   batch.batch["old_log_probs"], atol=1e-6, rtol=0)
+        adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.25])
+        batch.batch["advantages"] = adv[:, None] * batch.batch["response_mask"]
+        metrics = []
+        for group in (g1, g2):
+            for _ in range(2):  # two steps, two mini-batches each
+                b = arrange_for_dp(batch, 2, group.world_size)
+                b.meta_info["n_mini_batches"] = 2
+                out = group.update_actor(b)
+            metrics.append(out)
+        m1, m2 = metrics[0][0], metrics[1]
+        assert m2[0] == m2[1]  # every rank reports the same all-reduced metrics
+        for k in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
+            assert m2[0][k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
+        d0, d1 = g2.weights_digest()
+        assert d0 == d1  # replicas bit-identical after every update
+        w1 = g1.state_dict_copy()[0]
+        w2 = g2.state_dict_copy()[0]
+        for k in w1:
+            torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4)
+    finally:
+        shutdown_worker_group(g1, p1)
+        shutdown_worker_group(g2, p2)
