@@ -24,6 +24,7 @@ so a crash between the rename and the pointer update still finds the new checkpo
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -95,6 +96,10 @@ def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        # Some network/FUSE file systems cannot fsync a directory; the rename is still atomic there.
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
     finally:
         os.close(fd)
 
@@ -225,6 +230,12 @@ class CheckpointManager:
             _json_ready(dataloader_state, "dataloader_state")
         name = f"global_step_{step}"
         final = self.root / name
+        newer = [s for s, _ in self.checkpoints() if s > step]
+        if newer:
+            # latest() means the highest step; a run resumed from an older checkpoint keeps losing to
+            # the abandoned newer ones until they are removed.
+            logger.warning("saving step %d while newer checkpoints %s exist under %s; latest() will keep "
+                           "returning step %d until you delete them", step, newer, self.root, max(newer))
         tmp = self.root / f"{_TMP_PREFIX}{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
@@ -281,13 +292,12 @@ class CheckpointManager:
         shutil.rmtree(trash, ignore_errors=True)
 
     def _prune(self, keep: Path) -> None:
+        """Keep `keep` (the checkpoint just saved) plus the keep_last - 1 highest-step others."""
         if self.keep_last is None:
             return
-        found = self.checkpoints()
-        excess = len(found) - self.keep_last
-        for _, path in found[:max(excess, 0)]:
-            if path != keep:
-                self._discard(path)
+        others = [path for _, path in self.checkpoints() if path != keep]
+        for path in others[:max(len(others) - (self.keep_last - 1), 0)]:
+            self._discard(path)
 
     # -- loading ---------------------------------------------------------------------------------
 

@@ -83,6 +83,7 @@ class MetricsLogger:
         self._jsonl = None
         self._tb = None
         self._wandb_run = None
+        self._closed = False
         if config is not None:
             (self.out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
         if "jsonl" in self.loggers:
@@ -96,7 +97,9 @@ class MetricsLogger:
             self._wandb_run = _start_wandb(project, run_name, config, self.out_dir)
 
     def log(self, metrics: Mapping, step: int) -> None:
-        """Record `metrics` at `step`. Non-numeric values are dropped from TB/wandb but kept in JSONL."""
+        """Record `metrics` at `step`. Strings and None go to JSONL only; other non-scalars are dropped."""
+        if self._closed:
+            raise RuntimeError("MetricsLogger.log() after close(); create a new logger to keep logging")
         clean, nonfinite = {}, []
         for key, value in metrics.items():
             number = _scalar(value)
@@ -141,6 +144,7 @@ class MetricsLogger:
         tqdm.write(" | ".join(parts))  # prints above an active progress bar instead of breaking it
 
     def close(self) -> None:
+        self._closed = True
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None

@@ -154,6 +154,11 @@ def test_keep_last_k_and_resave(tmp_path):
     # Saving a step again (a resumed run) replaces it in place.
     mgr.save(4, model, extra_state={"again": True})
     assert mgr.load()["extra_state"] == {"again": True}
+    # An older step saved after newer ones (a run resumed from an old checkpoint): kept, with a warning,
+    # and latest() still means the highest step.
+    mgr.save(2, model)
+    assert [s for s, _ in mgr.checkpoints()] == [2, 4]
+    assert mgr.latest().name == "global_step_4"
     keep_all = CheckpointManager(tmp_path / "all", keep_last=None)
     for step in (1, 2, 3, 4):
         keep_all.save(step, model)

@@ -36,6 +36,9 @@ def test_jsonl_records_each_call_flushed(tmp_path):
     assert isinstance(first["time"], float)
     log.log({"reward/mean": 0.7}, step=2)
     log.close()
+    with pytest.raises(RuntimeError, match="after close"):
+        log.log({"reward/mean": 0.8}, step=3)
+    log.close()  # idempotent
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     assert json.loads((tmp_path / "config.json").read_text()) == {"lr": 1e-6}
