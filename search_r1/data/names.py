@@ -20,6 +20,12 @@ _BLOCKED = ("sex", "fuc", "fuk", "cum", "shit", "tit", "ass", "dic", "rap", "nig
             "pis", "poo", "fag", "gay", "jew", "nazi", "hitl", "kil", "die", "dead")
 
 
+def pick(rng: random.Random, seq):
+    """`rng.choice(seq)` at a third of the cost (one C call instead of a Python bit-sampling loop);
+    this is the generator's innermost operation."""
+    return seq[int(rng.random() * len(seq))]
+
+
 class NameMaker:
     """Hands out unique capitalized made-up words; `reserved` words (the templates' vocabulary) are
     never produced. Deterministic for a given `rng` state."""
@@ -30,14 +36,14 @@ class NameMaker:
 
     def _syllable(self) -> str:
         r = self.rng
-        return r.choice(_ONSETS) + r.choice(_VOWELS) + r.choice(_CODAS)
+        return pick(r, _ONSETS) + pick(r, _VOWELS) + pick(r, _CODAS)
 
     def word(self, min_syl: int = 2, max_syl: int = 2) -> str:
         """A new single capitalized word of `min_syl..max_syl` syllables (plus an optional ending)."""
         for attempt in range(1000):
             # Let words grow one syllable longer after many collisions, so huge worlds still finish.
             n = self.rng.randint(min_syl, max_syl) + attempt // 50
-            w = "".join(self._syllable() for _ in range(n)) + self.rng.choice(_ENDINGS)
+            w = "".join(self._syllable() for _ in range(n)) + pick(self.rng, _ENDINGS)
             if (4 <= len(w) <= 12 + attempt // 50 and w not in self.used
                     and not any(b in w for b in _BLOCKED)):
                 self.used.add(w)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import re
 
+from search_r1.data.names import pick
 from search_r1.data.world import World
 
 FEATURES = (
@@ -173,21 +174,42 @@ def template_vocabulary() -> set[str]:
     return words
 
 
+_PAD_FIELDS = {
+    "n": lambda r: 3 + int(r.random() * 38),
+    "kids": lambda r: 2 + int(r.random() * 7),
+    "trait": lambda r: pick(r, TRAITS),
+    "topic": lambda r: pick(r, TOPICS),
+    "feature": lambda r: pick(r, FEATURES),
+    "adj": lambda r: pick(r, ADJECTIVES),
+    "colour": lambda r: pick(r, COLOURS),
+}
+
+
+class _PadFields(dict):
+    """Pronouns, plus random values drawn only for the fields a template actually uses."""
+
+    def __init__(self, rng: random.Random, female: bool):
+        super().__init__(_pronouns(female))
+        self.rng = rng
+
+    def __missing__(self, key):
+        return _PAD_FIELDS[key](self.rng)
+
+
 def _pad(rng: random.Random, kind: str, text: str, female: bool = False) -> str:
     """Append background sentences of `kind` to `text` until it has about PAD_WORDS words."""
-    n_words = len(text.split())
+    n_words = text.count(" ") + 1
     if n_words >= PAD_WORDS:
         return text
     pool = PAD[kind]
+    fields = _PadFields(rng, female)
+    start = int(rng.random() * len(pool))
     parts = [text]
-    for template in rng.sample(pool, min(MAX_PAD, len(pool))):
-        sentence = template.format(n=rng.randint(3, 40), kids=rng.randint(2, 8),
-                                   trait=rng.choice(TRAITS), topic=rng.choice(TOPICS),
-                                   feature=rng.choice(FEATURES),
-                                   adj=rng.choice(ADJECTIVES), colour=rng.choice(COLOURS),
-                                   **_pronouns(female))
+    for i in range(min(MAX_PAD, len(pool))):
+        # consecutive templates from a random start: distinct sentences without rng.sample's cost
+        sentence = pool[(start + i) % len(pool)].format_map(fields)
         parts.append(sentence)
-        n_words += len(sentence.split())
+        n_words += sentence.count(" ") + 1
         if n_words >= PAD_WORDS:
             break
     return " ".join(parts)
@@ -202,42 +224,44 @@ def _join(names: list[str]) -> str:
 
 
 def _listing(rng: random.Random, templates: tuple, name: str, ids: list[int], ents: list) -> str:
-    return rng.choice(templates).format(name=name, list=_join([ents[i].name for i in ids]))
+    return pick(rng, templates).format(name=name, list=_join([ents[i].name for i in ids]))
 
 
 def _chunks(items: list, n: int = LIST_CHUNK):
     return [items[i:i + n] for i in range(0, len(items), n)]
 
 
+_SHE = {"He": "She", "he": "she", "him": "her", "his": "her", "His": "Her"}
+_HE = {"He": "He", "he": "he", "him": "him", "his": "his", "His": "His"}
+
+
 def _pronouns(female: bool) -> dict[str, str]:
-    if female:
-        return {"He": "She", "he": "she", "him": "her", "his": "her", "His": "Her"}
-    return {"He": "He", "he": "he", "him": "him", "his": "his", "His": "His"}
+    return _SHE if female else _HE
 
 
 def person_passages(p, w: World, rng: random.Random):
     ents = w.entities
     pr = _pronouns(p.female)
-    bio = rng.choice(PERSON_BIO).format(name=p.name, occ=p.occupation, a_occ=_a(p.occupation),
+    bio = pick(rng, PERSON_BIO).format(name=p.name, occ=p.occupation, a_occ=_a(p.occupation),
                                         year=p.birth_year, city=ents[p.birth_city].name, **pr)
-    filler = rng.choice(PERSON_FILLER).format(kids=rng.randint(2, 8), trait=rng.choice(TRAITS),
-                                              topic=rng.choice(TOPICS), **pr)
+    filler = pick(rng, PERSON_FILLER).format(kids=rng.randint(2, 8), trait=pick(rng, TRAITS),
+                                              topic=pick(rng, TOPICS), **pr)
     out = [(p.name, f"{bio} {filler}", ((p.eid, "birth_city"), (p.eid, "birth_year")))]
     career: list[tuple[str, tuple]] = []
     if p.alma_mater >= 0:
-        s = rng.choice(PERSON_ALMA).format(name=p.name, univ=ents[p.alma_mater].name, **pr)
+        s = pick(rng, PERSON_ALMA).format(name=p.name, univ=ents[p.alma_mater].name, **pr)
         career.append((s, ((p.eid, "alma_mater"),)))
     if p.employer >= 0:
-        s = rng.choice(PERSON_EMPLOYER).format(name=p.name, company=ents[p.employer].name,
+        s = pick(rng, PERSON_EMPLOYER).format(name=p.name, company=ents[p.employer].name,
                                                occ=p.occupation, **pr)
         career.append((s, ((p.eid, "employer"),)))
     for cid in p.founded:
         c = ents[cid]
-        s = rng.choice(PERSON_FOUNDED).format(name=p.name, company=c.name, year=c.founded, **pr)
+        s = pick(rng, PERSON_FOUNDED).format(name=p.name, company=c.name, year=c.founded, **pr)
         career.append((s, ((cid, "founder"), (cid, "founded"))))
     for iid in p.invented:
         inv = ents[iid]
-        s = rng.choice(PERSON_INVENTED).format(name=p.name, inv=inv.name, year=inv.year,
+        s = pick(rng, PERSON_INVENTED).format(name=p.name, inv=inv.name, year=inv.year,
                                                device=inv.device, a_device=_a(inv.device), **pr)
         career.append((s, ((iid, "inventor"), (iid, "year"))))
     for chunk in _chunks(career, 3):
@@ -247,32 +271,32 @@ def person_passages(p, w: World, rng: random.Random):
             text = f"{p.name} was {_a(p.occupation)}. {text}"
         out.append((p.name, text, tuple(f for _, fs in chunk for f in fs)))
     if rng.random() < 0.6:
-        later = rng.choice(PERSON_LATER).format(
-            name=p.name, city=ents[rng.choice(w.city_ids)].name,
+        later = pick(rng, PERSON_LATER).format(
+            name=p.name, city=ents[pick(rng, w.city_ids)].name,
             year=min(p.birth_year + rng.randint(45, 90), 2024), **pr)
-        filler = rng.choice(PERSON_FILLER).format(kids=rng.randint(2, 8), trait=rng.choice(TRAITS),
-                                                  topic=rng.choice(TOPICS), **pr)
+        filler = pick(rng, PERSON_FILLER).format(kids=rng.randint(2, 8), trait=pick(rng, TRAITS),
+                                                  topic=pick(rng, TOPICS), **pr)
         out.append((p.name, f"{later} {filler}", ()))
     return out
 
 
 def city_passages(c, w: World, rng: random.Random):
     ents = w.entities
-    intro = rng.choice(CITY_INTRO).format(name=c.name, country=ents[c.country].name,
+    intro = pick(rng, CITY_INTRO).format(name=c.name, country=ents[c.country].name,
                                           year=c.founded, pop=f"{c.population:,}")
     out = [(c.name, intro, ((c.eid, "country"), (c.eid, "founded")))]
-    filler = rng.choice(CITY_FILLER).format(name=c.name, feature=rng.choice(FEATURES))
+    filler = pick(rng, CITY_FILLER).format(name=c.name, feature=pick(rng, FEATURES))
     if c.river >= 0:
-        river = rng.choice(CITY_RIVER).format(name=c.name, river=ents[c.river].name)
+        river = pick(rng, CITY_RIVER).format(name=c.name, river=ents[c.river].name)
         out.append((c.name, f"{river} {filler}", ((c.eid, "river"),)))
     else:
         out.append((c.name, f"{c.name} lies far from any large river. {filler}", ()))
     for chunk in _chunks(c.natives):
         text = _listing(rng, CITY_NATIVES, c.name, chunk, ents)
         out.append((c.name, text, tuple((i, "birth_city") for i in chunk)))
-    inst = [(rng.choice(CITY_UNI).format(name=c.name, univ=ents[u].name), (u, "city"))
+    inst = [(pick(rng, CITY_UNI).format(name=c.name, univ=ents[u].name), (u, "city"))
             for u in c.universities]
-    inst += [(rng.choice(CITY_HQ).format(name=c.name, company=ents[k].name), (k, "hq"))
+    inst += [(pick(rng, CITY_HQ).format(name=c.name, company=ents[k].name), (k, "hq"))
              for k in c.companies]
     for chunk in _chunks(inst, 4):
         out.append((c.name, " ".join(s for s, _ in chunk), tuple(f for _, f in chunk)))
@@ -281,9 +305,9 @@ def city_passages(c, w: World, rng: random.Random):
 
 def country_passages(c, w: World, rng: random.Random):
     ents = w.entities
-    intro = rng.choice(COUNTRY_INTRO).format(name=c.name, capital=ents[c.capital].name,
+    intro = pick(rng, COUNTRY_INTRO).format(name=c.name, capital=ents[c.capital].name,
                                              lang=c.language, cur=c.currency)
-    filler = rng.choice(COUNTRY_FILLER).format(name=c.name, year=c.founded)
+    filler = pick(rng, COUNTRY_FILLER).format(name=c.name, year=c.founded)
     out = [(c.name, f"{intro} {filler}", ((c.eid, "capital"),))]
     for chunk in _chunks(c.cities):
         text = _listing(rng, COUNTRY_CITIES, c.name, chunk, ents)
@@ -293,7 +317,7 @@ def country_passages(c, w: World, rng: random.Random):
 
 def river_passages(r, w: World, rng: random.Random):
     ents = w.entities
-    intro = rng.choice(RIVER_INTRO).format(name=r.name, country=ents[r.country].name, km=r.length_km,
+    intro = pick(rng, RIVER_INTRO).format(name=r.name, country=ents[r.country].name, km=r.length_km,
                                            sea=r.sea)
     out = [(r.name, intro, ((r.eid, "country"), (r.eid, "sea")))]
     for chunk in _chunks(r.cities):
@@ -304,10 +328,10 @@ def river_passages(r, w: World, rng: random.Random):
 
 def university_passages(u, w: World, rng: random.Random):
     ents = w.entities
-    text = rng.choice(UNI_INTRO).format(name=u.name, city=ents[u.city].name, year=u.founded)
+    text = pick(rng, UNI_INTRO).format(name=u.name, city=ents[u.city].name, year=u.founded)
     facts: tuple = ((u.eid, "city"), (u.eid, "founded"))
     if u.founder >= 0:
-        text += " " + rng.choice(UNI_FOUNDER).format(person=ents[u.founder].name)
+        text += " " + pick(rng, UNI_FOUNDER).format(person=ents[u.founder].name)
         facts += ((u.eid, "founder"),)
     out = [(u.name, text, facts)]
     for chunk in _chunks(u.alumni):
@@ -318,10 +342,10 @@ def university_passages(u, w: World, rng: random.Random):
 
 def company_passages(c, w: World, rng: random.Random):
     ents = w.entities
-    intro = rng.choice(COMPANY_INTRO).format(name=c.name, a_industry=_a(c.industry),
+    intro = pick(rng, COMPANY_INTRO).format(name=c.name, a_industry=_a(c.industry),
                                              city=ents[c.hq].name, year=c.founded,
                                              founder=ents[c.founder].name)
-    filler = rng.choice(COMPANY_FILLER).format(n=rng.randint(20, 9000), adj=rng.choice(ADJECTIVES))
+    filler = pick(rng, COMPANY_FILLER).format(n=rng.randint(20, 9000), adj=pick(rng, ADJECTIVES))
     out = [(c.name, f"{intro} {filler}", ((c.eid, "hq"), (c.eid, "founded"), (c.eid, "founder")))]
     for chunk in _chunks(c.products):
         text = _listing(rng, COMPANY_PRODUCTS, c.name, chunk, ents)
@@ -334,13 +358,13 @@ def company_passages(c, w: World, rng: random.Random):
 
 def invention_passages(v, w: World, rng: random.Random):
     ents = w.entities
-    intro = rng.choice(INVENTION_INTRO).format(name=v.name, a_device=_a(v.device),
+    intro = pick(rng, INVENTION_INTRO).format(name=v.name, a_device=_a(v.device),
                                                inventor=ents[v.inventor].name, year=v.year)
     if v.maker >= 0:
         filler = INVENTION_FILLER[1].format(name=v.name, maker=ents[v.maker].name)
     else:
-        filler = rng.choice((INVENTION_FILLER[0], INVENTION_FILLER[2])).format(
-            name=v.name, adj=rng.choice(ADJECTIVES))
+        filler = pick(rng, (INVENTION_FILLER[0], INVENTION_FILLER[2])).format(
+            name=v.name, adj=pick(rng, ADJECTIVES))
     return [(v.name, f"{intro} {filler}", ((v.eid, "inventor"), (v.eid, "year")))]
 
 

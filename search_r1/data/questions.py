@@ -8,9 +8,9 @@ for the question finds the subject's passages.
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass, field
 
+from search_r1.data.names import pick
 from search_r1.data.world import World
 
 SINGLE_HOP = "synth_nq"
@@ -75,9 +75,14 @@ class Question:
     gold_doc_ids: list = field(default_factory=list)
 
 
+# Every ASCII character that is not a letter or digit separates words.
+_SEPARATORS = str.maketrans({chr(c): " " for c in range(128) if not chr(c).isalnum()})
+
+
 def words(text: str) -> list[str]:
-    """Lower-cased alphanumeric words."""
-    return re.findall(r"[a-z0-9]+", text.lower())
+    """Lower-cased alphanumeric words (str.translate + split: several times faster than a regex,
+    and the guard runs it on every passage)."""
+    return text.lower().translate(_SEPARATORS).split()
 
 
 def normalize(text: str) -> str:
@@ -117,7 +122,7 @@ def candidate_questions(e, w: World, rng: random.Random) -> list[Question]:
         if kind != e.kind:
             continue
         _, answers = follow(w, e.eid, rel)
-        text = rng.choice(templates).format(s=e.name)
+        text = pick(rng, templates).format(s=e.name)
         if answers and not _leaks(text, answers):
             out.append(Question(SINGLE_HOP, text, ((e.eid, rel),), answers, e.name))
     for (kind, rel1, rel2), templates in TWO.items():
@@ -127,7 +132,7 @@ def candidate_questions(e, w: World, rng: random.Random) -> list[Question]:
         if bridge < 0:
             continue
         _, answers = follow(w, bridge, rel2)
-        text = rng.choice(templates).format(s=e.name)
+        text = pick(rng, templates).format(s=e.name)
         if answers and not _leaks(text, answers) and not _leaks(text, [w.entities[bridge].name]):
             out.append(Question(TWO_HOP, text, ((e.eid, rel1), (bridge, rel2)), answers, e.name,
                                 bridge=w.entities[bridge].name))

@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from json.encoder import encode_basestring_ascii as _json_str
+
 from tqdm import tqdm
 
 from search_r1.data.passages import disambiguation_passages, entity_passages, template_vocabulary
@@ -56,16 +58,15 @@ def _select_questions(w: World, seed: int, test_fraction: float, max_train: int,
     order = list(range(len(w.entities)))
     rng.shuffle(order)
     n_test_entities = round(test_fraction * len(order))
-    caps = {"train": max_train, "test": max_test}
+    # Two-hop questions may be dropped later (see _TwoHopGuard), so pick a surplus and trim after.
+    caps = {"train": max_train + max_train // 4 + 10, "test": max_test + max_test // 4 + 10}
     picked: dict[str, list[Question]] = {"train": [], "test": []}
     for rank, eid in enumerate(order):
         split = "test" if rank < n_test_entities else "train"
         room = caps[split] - len(picked[split])
         if room > 0:
-            # Two-hop questions may be dropped later (see _check_two_hop); keep a small surplus.
-            cands = candidate_questions(w.entities[eid], w, rng)
-            picked[split].extend(cands[:room + 2])
-        if split == "train" and len(picked["train"]) >= max_train:
+            picked[split].extend(candidate_questions(w.entities[eid], w, rng)[:room])
+        elif split == "train":
             break
     return picked
 
@@ -87,11 +88,11 @@ class _TwoHopGuard:
 
     def scan(self, contents: str) -> None:
         toks = words(contents)
-        hits = [entry for t in set(toks) for entry in self.by_first.get(t, ())]
-        if not hits:
+        firsts = self.by_first.keys() & toks  # set intersection in C; usually empty
+        if not firsts:
             return
         text = " " + " ".join(toks) + " "
-        for subject, qs in hits:
+        for subject, qs in (entry for t in firsts for entry in self.by_first[t]):
             if subject in text:
                 for q, answers in qs:
                     if q.valid and any(a in text for a in answers):
@@ -110,7 +111,9 @@ def _write_corpus(path: Path, w: World, seed: int, questions: list[Question], pr
             nonlocal pid
             contents = f'"{title}"\n{text}'
             doc_id = str(pid)
-            f.write(json.dumps({"id": doc_id, "contents": contents}, ensure_ascii=False) + "\n")
+            # Same bytes as json.dumps({"id": ..., "contents": ...}) with the C string encoder
+            # called directly: json.dumps of a dict costs more than writing the passage.
+            f.write(f'{{"id": "{doc_id}", "contents": {_json_str(contents)}}}\n')
             for fact in facts:
                 ids = gold.get(fact)
                 if ids is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from search_r1.data.names import NameMaker
+from search_r1.data.names import NameMaker, pick
 
 OCCUPATIONS = (
     "physicist chemist painter architect engineer composer novelist merchant botanist sculptor "
@@ -175,7 +175,7 @@ def build_world(n_entities: int, rng: random.Random, reserved_words: set[str]) -
     cities = []
     for i in range(counts["city"]):
         # The first cities go one per country so that every country has a capital.
-        country = countries[i] if i < len(countries) else rng.choice(countries)
+        country = countries[i] if i < len(countries) else pick(rng, countries)
         c = City(len(ents), names.word(), country.eid, rng.randint(700, 1750),
                  rng.randint(2, 900) * 1000 + rng.randint(0, 999))
         ents.append(c)
@@ -189,7 +189,7 @@ def build_world(n_entities: int, rng: random.Random, reserved_words: set[str]) -
     for _ in range(counts["river"]):
         namesake = rng.random() < 0.25  # the river shares its word with a city
         if namesake:
-            root = rng.choice(cities).name
+            root = pick(rng, cities).name
             short = ""
         else:
             root = names.word()
@@ -198,7 +198,7 @@ def build_world(n_entities: int, rng: random.Random, reserved_words: set[str]) -
         if not names.claim(name):
             root = names.word()
             name, short, namesake = root + " River", root, False
-        r = River(len(ents), name, short, rng.choice(countries).eid, rng.choice(seas),
+        r = River(len(ents), name, short, pick(rng, countries).eid, pick(rng, seas),
                   rng.randint(40, 2400))
         ents.append(r)
         rivers.append(r)
@@ -206,34 +206,34 @@ def build_world(n_entities: int, rng: random.Random, reserved_words: set[str]) -
             namesakes.setdefault(root, []).append(r.eid)
     for c in cities:
         if rng.random() < 0.7:
-            r = rng.choice(rivers)
+            r = pick(rng, rivers)
             c.river = r.eid
             r.cities.append(c.eid)
 
     surname_pool = [names.word() for _ in range(max(4, counts["person"] // 3))]
     persons = []
     for _ in range(counts["person"]):
-        surname = rng.choice(surname_pool)
+        surname = pick(rng, surname_pool)
         while True:
             name = f"{names.word()} {surname}"
             if names.claim(name):
                 break
-        city = rng.choice(cities)
+        city = pick(rng, cities)
         p = Person(len(ents), name, surname, rng.random() < 0.5, rng.randint(1650, 1985),
-                   city.eid, rng.choice(OCCUPATIONS))
+                   city.eid, pick(rng, OCCUPATIONS))
         ents.append(p)
         persons.append(p)
         city.natives.append(p.eid)
 
     universities = []
     for _ in range(counts["university"]):
-        city = rng.choice(cities)
+        city = pick(rng, cities)
         style = rng.random()
         while True:
             if style < 0.3:
                 name = f"University of {city.name}"
             elif style < 0.55:
-                name = f"{rng.choice(surname_pool)} College"
+                name = f"{pick(rng, surname_pool)} College"
             elif style < 0.8:
                 name = f"{names.word()} University"
             else:
@@ -243,7 +243,7 @@ def build_world(n_entities: int, rng: random.Random, reserved_words: set[str]) -
             style = 0.6  # the city already has its "University of X"
         u = University(len(ents), name, city.eid, rng.randint(1400, 1960))
         if rng.random() < 0.5:
-            founder = rng.choice(persons)
+            founder = pick(rng, persons)
             u.founder = founder.eid
             u.founded = min(max(u.founded, founder.birth_year + 25), 2015)
         ents.append(u)
@@ -253,20 +253,20 @@ def build_world(n_entities: int, rng: random.Random, reserved_words: set[str]) -
             namesakes.setdefault(city.name, []).append(u.eid)
     for p in persons:
         if rng.random() < 0.5:
-            u = rng.choice(universities)
+            u = pick(rng, universities)
             p.alma_mater = u.eid
             u.alumni.append(p.eid)
 
     companies = []
     suffixes = list(COMPANY_SUFFIXES)
     for _ in range(counts["company"]):
-        founder = rng.choice(persons)
-        hq = rng.choice(cities)
+        founder = pick(rng, persons)
+        hq = pick(rng, cities)
         style = rng.random()
         while True:
-            suffix = rng.choice(suffixes)
+            suffix = pick(rng, suffixes)
             if style < 0.35:
-                root = rng.choice(cities).name  # a namesake of a city
+                root = pick(rng, cities).name  # a namesake of a city
             elif style < 0.6:
                 root = founder.surname
             else:
@@ -284,14 +284,14 @@ def build_world(n_entities: int, rng: random.Random, reserved_words: set[str]) -
             namesakes.setdefault(root, []).append(c.eid)
     for p in persons:
         if rng.random() < 0.4:
-            c = rng.choice(companies)
+            c = pick(rng, companies)
             p.employer = c.eid
             c.staff.append(p.eid)
 
     inv_suffixes = list(INVENTION_SUFFIXES)
     for _ in range(counts["invention"]):
-        inventor = rng.choice(persons)
-        suffix = rng.choice(inv_suffixes)
+        inventor = pick(rng, persons)
+        suffix = pick(rng, inv_suffixes)
         while True:
             name = names.word().rstrip("aeiou") + suffix
             if names.claim(name):
@@ -299,7 +299,7 @@ def build_world(n_entities: int, rng: random.Random, reserved_words: set[str]) -
         inv = Invention(len(ents), name, INVENTION_SUFFIXES[suffix], inventor.eid,
                         min(inventor.birth_year + rng.randint(20, 50), 2022))
         if rng.random() < 0.4:
-            maker = rng.choice(companies)
+            maker = pick(rng, companies)
             inv.maker = maker.eid
             maker.products.append(inv.eid)
         ents.append(inv)
