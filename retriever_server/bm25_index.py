@@ -163,7 +163,7 @@ class BM25Searcher:
     the k-th best candidate score and ub[t] the largest weight of token t, a document holding none
     of the tokens taken so far scores at most bound = sum(ub of the tokens not yet taken); once
     bound < theta the candidates' top k is exact. A later token's posting list only contributes the
-    documents whose weight w satisfies w + bound >= theta (the others cannot reach the top k).
+    documents whose weight w satisfies count * w + bound >= theta (the others cannot reach the top k).
     Entity queries (a rare name + common words) touch a few hundred postings instead of the common
     words' long lists.
     Queries the bound cannot settle within `max_candidates` go through the exhaustive sparse
@@ -242,8 +242,8 @@ class BM25Searcher:
             post = self.indices[starts[j]:ends[j]]
             if theta > -np.inf:
                 # A document first met here holds none of the rarer tokens (those it holds were
-                # filtered below theta already), so it scores at most w + bound_after[j].
-                post = post[self.data[starts[j]:ends[j]] >= theta - bound_after[j]]
+                # filtered below theta already), so it scores at most count * w + bound_after[j].
+                post = post[self.data[starts[j]:ends[j]] * counts[j] >= theta - bound_after[j]]
             cand = _union_sorted(cand, post)
             if len(cand) > self.max_candidates:
                 return None
