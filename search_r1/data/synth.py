@@ -19,6 +19,7 @@ entities and the selected questions are kept in memory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -49,6 +50,18 @@ FILES = {
     "test_jsonl": "test.jsonl",
     "meta": "meta.json",
 }
+
+
+@contextlib.contextmanager
+def _atomic(path: Path):
+    """Yield a temporary sibling of `path` to write; it replaces `path` only if the block succeeds,
+    so a reader never sees a half-written file under the final name."""
+    tmp = path.with_name(path.name + ".part")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _select_questions(w: World, seed: int, test_fraction: float, max_train: int, max_test: int):
@@ -105,7 +118,7 @@ def _write_corpus(path: Path, w: World, seed: int, questions: list[Question], pr
     gold: dict[tuple, list[str]] = {f: [] for q in questions for f in q.chain}
     guard = _TwoHopGuard(questions)
     pid = 0
-    with open(path, "w", encoding="utf-8") as f:
+    with _atomic(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
 
         def emit(title: str, text: str, facts=()) -> None:
             nonlocal pid
@@ -165,7 +178,7 @@ def _write_split(split: str, questions: list[Question], jsonl_path: Path, parque
     from search_r1.prompts import make_messages
 
     rows = []
-    with open(jsonl_path, "w", encoding="utf-8") as f:
+    with _atomic(jsonl_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for index, q in enumerate(questions):
             qid = f"{split}_{index}"
             record = {"id": qid, "question": q.text, "golden_answers": q.answers,
@@ -182,13 +195,14 @@ def _write_split(split: str, questions: list[Question], jsonl_path: Path, parque
                                "gold_doc_ids": q.gold_doc_ids},
             })
     table = pa.Table.from_pylist(rows, schema=_parquet_schema())
-    pq.write_table(table, parquet_path)
+    with _atomic(parquet_path) as tmp:
+        pq.write_table(table, tmp)
 
 
 def generate_world(out_dir, seed: int = 0, n_entities: int = DEFAULT_N_ENTITIES,
                    test_fraction: float = DEFAULT_TEST_FRACTION, max_train: int = DEFAULT_MAX_TRAIN,
                    max_test: int = DEFAULT_MAX_TEST, progress: bool = True) -> dict[str, Path]:
-    """Generate a world into `out_dir` (created; existing files are replaced).
+    """Generate a world into `out_dir` (created; existing files are replaced, each atomically).
 
     Returns the output paths keyed "dir", "corpus", "train_parquet", "test_parquet", "train_jsonl",
     "test_jsonl", "meta". Raises ValueError on out-of-range arguments.
@@ -222,14 +236,14 @@ def generate_world(out_dir, seed: int = 0, n_entities: int = DEFAULT_N_ENTITIES,
         by_source: dict[str, int] = {}
         for q in qs:
             by_source[q.data_source] = by_source.get(q.data_source, 0) + 1
-        meta["splits"][split] = {"n_questions": len(qs), "by_data_source": dict(sorted(by_source.items()))}
+        meta["splits"][split] = {"n_questions": len(qs),
+                                 "by_data_source": dict(sorted(by_source.items()))}
     kinds: dict[str, int] = {}
     for e in w.entities:
         kinds[e.kind] = kinds.get(e.kind, 0) + 1
     meta["entities_by_kind"] = dict(sorted(kinds.items()))
-    tmp = paths["meta"].with_suffix(".json.part")
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, paths["meta"])
+    with _atomic(paths["meta"]) as tmp:
+        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return {"dir": out, **paths}
 
 

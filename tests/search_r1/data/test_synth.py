@@ -65,6 +65,7 @@ def test_generate_world_returns_paths_and_meta(synth_world):
     assert meta["n_passages"] == n_lines
     assert 200 <= n_lines <= 1000  # "a few hundred passages" for tests
     assert meta["seed"] == SYNTH_WORLD_SEED and meta["n_entities"] == SYNTH_WORLD_ENTITIES
+    assert sorted(p.name for p in synth_world.iterdir()) == sorted(FILES.values())  # no .part left
     for split in SPLITS:
         n = sum(1 for _ in open(synth_world / f"{split}.jsonl"))
         assert meta["splits"][split]["n_questions"] == n > 0
