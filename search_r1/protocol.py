@@ -16,6 +16,7 @@ of the whole observation and lost it).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -131,17 +132,52 @@ def invalid_action_observation(protocol: str = "tags") -> str:
     return _INVALID_TEXT[check_protocol(protocol)]
 
 
+def _rust_tokenizer(tokenizer):
+    """The `tokenizers.Tokenizer` behind a fast HF tokenizer, or None.
+
+    Calling it directly skips transformers' per-element input checks, which cost more than the
+    tokenization itself for a batch of 512 observations.
+    """
+    backend = getattr(tokenizer, "_tokenizer", None)
+    return backend if backend is not None and hasattr(backend, "decode_batch") else None
+
+
+def encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, no special tokens added; one batched call."""
+    if not texts:
+        return []
+    backend = _rust_tokenizer(tokenizer)
+    if backend is not None:
+        encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # _fast: no offsets
+        return [e.ids for e in encode(texts, add_special_tokens=False)]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def decode_ids(tokenizer, id_lists: list[list[int]]) -> list[str]:
+    """Text of each id list (special tokens kept, so an EOS shows up as text); one batched call."""
+    if not id_lists:
+        return []
+    backend = _rust_tokenizer(tokenizer)
+    if backend is not None:
+        return backend.decode_batch(id_lists, skip_special_tokens=False)
+    return tokenizer.batch_decode(id_lists, skip_special_tokens=False)
+
+
 class ObservationEncoder:
     """Token ids of observations, fitted to a per-row token budget.
 
     The constant texts (wrapper, invalid-action and search-failed messages) are tokenized once; the
-    passages of a whole turn are tokenized in one batched tokenizer call. A search observation longer
+    passages of a whole turn are tokenized in one batched tokenizer call, line by line (one line per
+    retrieved document) through a bounded cache: documents recur across a GRPO group and across
+    epochs, and tokenizing them is most of the loop's own cost. A search observation longer
     than its budget keeps the wrapper and loses the tail of the passages, so the closing tag stays.
     Pieces are tokenized separately, so the ids decode to exactly the observation text.
     """
 
-    def __init__(self, tokenizer, protocol: str = "tags"):
+    def __init__(self, tokenizer, protocol: str = "tags", cache_lines: int = 100_000):
         self.tokenizer = tokenizer
+        self.cache_lines = cache_lines
+        self._line_ids: dict[str, list[int]] = {}
         self.protocol = check_protocol(protocol)
         opening, closing = _WRAPPERS[protocol]
         self.opening_ids = self._encode([opening])[0]
@@ -150,9 +186,18 @@ class ObservationEncoder:
         self.failed_ids = self.opening_ids + self._encode([SEARCH_FAILED_TEXT])[0] + self.closing_ids
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
-        if not texts:
-            return []
-        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return encode_texts(self.tokenizer, texts)
+
+    def _encode_passages(self, bodies: list[str]) -> dict[str, list[int]]:
+        """body -> ids, the concatenated ids of its lines; unseen lines tokenized in one call."""
+        lines_of = {b: b.splitlines(keepends=True) for b in bodies}
+        new = [ln for ln in dict.fromkeys(itertools.chain.from_iterable(lines_of.values()))
+               if ln not in self._line_ids]
+        if len(self._line_ids) + len(new) > self.cache_lines:
+            self._line_ids.clear()  # wholesale eviction: cheaper than LRU bookkeeping per lookup
+        self._line_ids.update(zip(new, self._encode(new)))
+        cache = self._line_ids
+        return {b: list(itertools.chain.from_iterable(cache[ln] for ln in lines)) for b, lines in lines_of.items()}
 
     @property
     def min_search_tokens(self) -> int:
@@ -167,16 +212,16 @@ class ObservationEncoder:
         None where even the shortest form does not fit (the caller ends that trajectory).
         Also records `self.last_shortened`: how many rows had passages cut this call.
         """
-        search_rows = [i for i, k in enumerate(kinds) if k == "search"]
-        encoded = self._encode([passages[i].strip() for i in search_rows])
-        by_row = dict(zip(search_rows, encoded))
+        # Identical results (a GRPO group asking the same query) are handled once.
+        ids_of = self._encode_passages(list(dict.fromkeys(
+            passages[i].strip() for i, k in enumerate(kinds) if k == "search")))
         out: list[list[int] | None] = []
         self.last_shortened = 0
         wrap = len(self.opening_ids) + len(self.closing_ids)
         for i, kind in enumerate(kinds):
             budget = budgets[i]
             if kind == "search":
-                body = by_row[i]
+                body = ids_of[passages[i].strip()]
                 if wrap + len(body) > budget:
                     if budget < self.min_search_tokens:
                         out.append(None)

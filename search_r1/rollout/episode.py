@@ -116,14 +116,16 @@ class Episode:
         if len(token_ids) > budget:
             raise ValueError(f"generator returned {len(token_ids)} tokens but the turn budget was {budget}; "
                              "the backend must honour SamplingParams.max_tokens")
+        if hasattr(logprobs, "tolist"):  # a tensor / array from the backend
+            logprobs = logprobs.tolist()
         if logprobs is None or len(logprobs) == 0:
-            logprobs = [0.0] * len(token_ids)
+            logprobs = [0.0] * len(token_ids)  # a backend without logprobs
         elif len(logprobs) != len(token_ids):
             raise ValueError(f"got {len(logprobs)} logprobs for {len(token_ids)} tokens; "
                              "a backend must return one logprob per sampled token")
         self.response_ids += token_ids
         self.info_mask += [1] * len(token_ids)
-        self.logprobs += [float(x) for x in logprobs]
+        self.logprobs += logprobs
         self.generated_tokens += len(token_ids)
         if allow_search is None:
             allow_search = self.turns < self.limits.max_turns

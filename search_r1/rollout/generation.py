@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from verl import DataProto
 
-from search_r1.protocol import ObservationEncoder, check_protocol, stop_strings
+from search_r1.protocol import ObservationEncoder, check_protocol, decode_ids, stop_strings
 from search_r1.rollout.backends import Generator, SamplingParams
 from search_r1.rollout.episode import Episode, EpisodeLimits
 from search_r1.rollout.tensor_helper import pad_ragged, position_ids_from_mask, strip_left_padding
@@ -205,7 +205,7 @@ class LLMGenerationManager:
             counters.sampled_tokens += len(out.token_ids)
             token_lists.append(list(out.token_ids[:budget]))
             logprob_lists.append(list(out.logprobs[:budget]) if out.logprobs else None)
-        texts = self.tokenizer.batch_decode(token_lists, skip_special_tokens=False)
+        texts = decode_ids(self.tokenizer, token_lists)
         for i, text in enumerate(texts):
             if self._overshoots(text):
                 token_lists[i], texts[i] = self._trim_at_stop(token_lists[i])
@@ -232,12 +232,12 @@ class LLMGenerationManager:
         lo, hi = 1, len(ids)
         while lo < hi:
             mid = (lo + hi) // 2
-            if self._first_stop_end(self.tokenizer.decode(ids[:mid])) >= 0:
+            if self._first_stop_end(decode_ids(self.tokenizer, [ids[:mid]])[0]) >= 0:
                 hi = mid
             else:
                 lo = mid + 1
         kept = ids[:lo]
-        return kept, self.tokenizer.decode(kept)
+        return kept, decode_ids(self.tokenizer, [kept])[0]
 
     def _observe_round(self, owed: list[Episode], counters: _TurnCounters) -> None:
         """Run this round's searches as one engine call and append every owed observation."""

@@ -6,6 +6,8 @@ The ragged -> dense fills use one numpy scatter per batch, never a Python loop o
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 
@@ -49,7 +51,7 @@ def pad_ragged(rows: list[list], width: int | None = None, pad_value=0, left: bo
     values = np.full((len(rows), width), pad_value, dtype=dtype)
     if longest:
         # Row-major order of the True cells equals the concatenation of the rows.
-        values[mask] = np.concatenate([np.asarray(r, dtype=dtype) for r in rows if len(r)])
+        values[mask] = np.fromiter(itertools.chain.from_iterable(rows), dtype=dtype, count=int(lengths.sum()))
     return values, mask.astype(np.int64)
 
 

@@ -1,0 +1,249 @@
+"""Rollout-loop benchmark: what `LLMGenerationManager.run_llm_loop` itself costs, and where a real
+rollout's time goes.
+
+Part 1 (overhead): an instant generator (canned 128-token turns, each ending in `</search>`) and an
+in-process search engine (canned ~128-token passages), so everything measured is the loop's own
+work: unpadding, context building, batched decode and action parsing, observation tokenization,
+tensor assembly. Batch 64/256/512 x max_turns 2/4. Each run has max_turns search rounds plus the
+final no-search round. Target: <= 100 ms of loop overhead per round at batch 512.
+
+Part 2 (real): SmolLM2-135M-Instruct through `HFGenerator` on 16 questions of a synthetic world,
+with the real BM25 retriever server (built and started here on a free 127.0.0.1 port). Reports
+tokens sampled vs kept (target: nothing discarded beyond the stop string's final token) and the
+wall-time split generation / search / loop.
+
+    python bench/rollout_overhead.py                      # both parts
+    python bench/rollout_overhead.py --skip-real --batches 64 512 --turns 2
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from search_r1.prompts import apply_chat_template, make_messages  # noqa: E402
+from search_r1.rollout.backends import GenOutput, SamplingParams  # noqa: E402
+from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager  # noqa: E402
+from search_r1.rollout.tensor_helper import pad_ragged  # noqa: E402
+from search_r1.search.base import SearchEngine  # noqa: E402
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
+
+
+def load_tokenizer():
+    from search_r1.models import load_tokenizer as load
+    return load("smollm2-135m-instruct")
+
+
+def exact_length_text(tok, head: str, tail: str, n_tokens: int) -> list[int]:
+    """Ids of head + filler + tail, exactly n_tokens long (filler words are one token each)."""
+    head_ids = tok(head, add_special_tokens=False)["input_ids"]
+    tail_ids = tok(tail, add_special_tokens=False)["input_ids"]
+    word = tok(" data", add_special_tokens=False)["input_ids"]
+    n_fill = n_tokens - len(head_ids) - len(tail_ids)
+    if len(word) != 1 or n_fill < 0:
+        raise ValueError("cannot build a canned turn of that length")
+    return head_ids + word * n_fill + tail_ids
+
+
+class InstantGenerator:
+    """Returns the same canned turn for every prompt at once (a generator that costs nothing)."""
+
+    def __init__(self, turn_ids: list[int]):
+        self.turn_ids = turn_ids
+        self.logprobs = [-0.5] * len(turn_ids)
+
+    def generate(self, prompts, params: SamplingParams):
+        ids = self.turn_ids[: params.max_tokens]
+        return [GenOutput(list(ids), self.logprobs[: len(ids)], "stop") for _ in prompts]
+
+
+class InstantEngine(SearchEngine):
+    """Serves pre-rendered results from a pool, a different one per query (no two rows of a round
+    share a result, so the loop cannot get away with tokenizing one observation)."""
+
+    def __init__(self, pool: list[str]):
+        self.pool, self.next = pool, 0
+
+    def batch_search(self, queries):
+        out = [self.pool[(self.next + i) % len(self.pool)] for i in range(len(queries))]
+        self.next += len(queries)
+        return out
+
+
+def passage_pool(tok, n: int, n_tokens: int, seed: int = 0) -> list[str]:
+    """n distinct 3-document results of about n_tokens tokens, words drawn from a 3000-word vocabulary."""
+    rng = np.random.default_rng(seed)
+    syll = ["ka", "lo", "mi", "ren", "sta", "vel", "tor", "an", "is", "ud", "bra", "qu", "om", "ex", "fi"]
+    vocab = ["".join(rng.choice(syll, size=rng.integers(1, 4))) for _ in range(3000)]
+    per_word = np.mean([len(tok(" " + w, add_special_tokens=False)["input_ids"]) for w in vocab[:200]])
+    n_words = max(1, int((n_tokens / 3 - 8) / per_word))
+    return ["".join(f"Doc {d}(Title: {vocab[rng.integers(3000)].title()}) "
+                    f"{' '.join(rng.choice(vocab, size=n_words))}\n" for d in (1, 2, 3)) for _ in range(n)]
+
+
+def make_gen_batch(tok, questions):
+    from verl import DataProto
+    prompts = [apply_chat_template(tok, make_messages(q)) for q in questions]
+    ids, mask = pad_ragged(prompts, pad_value=tok.pad_token_id or 0, left=True)
+    ids, mask = torch.from_numpy(ids), torch.from_numpy(mask)
+    return DataProto.from_dict(
+        tensors={"input_ids": ids, "attention_mask": mask, "position_ids": torch.clip(mask.cumsum(-1) - 1, 0)},
+        non_tensors={"uid": np.array([str(i) for i in range(len(questions))], dtype=object)},
+    )
+
+
+def bench_overhead(tok, batches, turns_list, turn_tokens, repeats):
+    turn = exact_length_text(tok, "<think>", "</think>\n<search> the founder of Veltra </search>", turn_tokens)
+    gen, engine = InstantGenerator(turn), InstantEngine(passage_pool(tok, 2 * max(batches) * max(turns_list), turn_tokens))
+    rows = []
+    for max_turns in turns_list:
+        for b in batches:
+            batch = make_gen_batch(tok, [f"Who founded company number {i}" for i in range(b)])
+            cfg = GenerationConfig(max_turns=max_turns, max_prompt_length=4096, max_start_length=1024,
+                                   max_response_length=(max_turns + 1) * turn_tokens + max_turns * 2 * turn_tokens,
+                                   max_obs_length=2 * turn_tokens, max_tokens_per_turn=turn_tokens)
+            mgr = LLMGenerationManager(tok, gen, cfg, engine)
+            best = None
+            for _ in range(repeats):
+                cpu0 = time.process_time()
+                out = mgr.run_llm_loop(batch)
+                cpu = time.process_time() - cpu0  # generator + engine are instant: this is the loop's CPU
+                t = out.meta_info["timing"]
+                if best is None or t["total_s"] < best["total_s"]:
+                    best = dict(t, cpu=cpu, rounds=out.meta_info["rollout_stats"]["rounds"],
+                                resp=out.batch["responses"].shape[1],
+                                obs=int(np.mean(out.meta_info["observation_token_stats"])) // max(1, max_turns))
+            rows.append((b, max_turns, best["rounds"], best["total_s"], best["loop_s"],
+                         1000 * best["loop_s"] / best["rounds"], 1000 * best["cpu"] / best["rounds"],
+                         best["resp"], best["obs"], peak_rss_mb()))
+            print(f"  batch {b:4d} max_turns {max_turns}: {best['total_s']:.3f} s", flush=True)
+    print("\nPart 1: loop overhead (instant generator, in-process engine; best of %d runs)" % repeats)
+    print(f"{'batch':>6} {'max_turns':>9} {'rounds':>6} {'run_s':>8} {'loop_s':>8} {'ms/round':>9} "
+          f"{'cpu_ms/round':>12} {'resp_w':>7} {'obs_tok':>7} {'peak_rss_MB':>11}")
+    for r in rows:
+        print(f"{r[0]:>6} {r[1]:>9} {r[2]:>6} {r[3]:>8.3f} {r[4]:>8.3f} {r[5]:>9.1f} {r[6]:>12.1f} "
+              f"{r[7]:>7} {r[8]:>7} {r[9]:>11.0f}")
+    print(f"load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
+          "(wall ms/round inflates with load; cpu_ms/round is this process's CPU time)")
+    worst512 = [(r[5], r[6]) for r in rows if r[0] == 512]
+    if worst512:
+        wall, cpu = max(w for w, _ in worst512), max(c for _, c in worst512)
+        print(f"target <= 100 ms/round at batch 512: worst wall {wall:.1f} ms, cpu {cpu:.1f} ms -> "
+              f"{'MET' if wall <= 100 else 'MET on CPU time' if cpu <= 100 else 'MISSED'}")
+
+
+# -- part 2 -----------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_retriever(workdir: Path):
+    """Synthetic world + BM25 index + server subprocess; returns (process, url, test.jsonl path)."""
+    py = sys.executable
+    world = workdir / "world"
+    subprocess.run([py, "-m", "search_r1.data.synth", "--out", str(world), "--seed", "0", "--n-entities", "120"],
+                   check=True, stdout=subprocess.DEVNULL)
+    index = workdir / "bm25"
+    subprocess.run([py, "-m", "retriever_server", "build", "--corpus", str(world / "corpus.jsonl"),
+                    "--kind", "bm25", "--out", str(index)], check=True, stdout=subprocess.DEVNULL)
+    port = free_port()
+    proc = subprocess.Popen([py, "-m", "retriever_server", "serve", "--index", str(index),
+                             "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import requests
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if requests.get(base + "/health", timeout=1).ok:
+                return proc, base + "/retrieve", world / "test.jsonl"
+        except requests.RequestException:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError("retriever server exited during startup")
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("retriever server did not become healthy in 60 s")
+
+
+def bench_real(n: int, max_turns: int, tokens_per_turn: int, threads: int):
+    import json
+
+    from search_r1.models import load_model_and_tokenizer
+    from search_r1.rollout.backends import HFGenerator
+    from search_r1.search import RetrieverClient
+
+    torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory(prefix="rollout_bench_") as tmp:
+        proc, url, test_path = start_retriever(Path(tmp))
+        try:
+            model, tok = load_model_and_tokenizer("smollm2-135m-instruct")
+            model.eval()
+            with open(test_path) as f:
+                questions = [json.loads(line)["question"] for line, _ in zip(f, range(n))]
+            batch = make_gen_batch(tok, questions)
+            cfg = GenerationConfig(max_turns=max_turns, max_tokens_per_turn=tokens_per_turn,
+                                   max_response_length=(max_turns + 1) * tokens_per_turn + max_turns * 300,
+                                   max_obs_length=300, seed=0)
+            mgr = LLMGenerationManager(tok, HFGenerator(model, tok, batch_size=n), cfg, RetrieverClient(url, topk=3))
+            out = mgr.run_llm_loop(batch)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    rs, t, m = out.meta_info["rollout_stats"], out.meta_info["timing"], out.meta_info
+    print(f"\nPart 2: SmolLM2-135M-Instruct, {n} trajectories, max_turns {max_turns}, "
+          f"{tokens_per_turn} tokens/turn cap, real BM25 retriever, {threads} torch threads")
+    print(f"{'sampled':>8} {'kept':>6} {'discarded':>9} {'overshoot':>9} {'obs_tok':>7} {'searches':>8} "
+          f"{'answered':>8} {'gen_s':>7} {'search_s':>8} {'loop_s':>7} {'total_s':>7}")
+    print(f"{rs['sampled_tokens']:>8} {rs['kept_generated_tokens']:>6} {rs['discarded_tokens']:>9} "
+          f"{rs['overshoot_tokens']:>9} {rs['observation_tokens']:>7} {sum(m['valid_search_stats']):>8} "
+          f"{rs['answered']:>8} {t['gen_s']:>7.2f} {t['search_s']:>8.3f} {t['loop_s']:>7.3f} {t['total_s']:>7.2f}")
+    print(f"target: no discarded tail beyond the stop string -> "
+          f"{'MET' if rs['discarded_tokens'] == 0 else 'MISSED'} ({rs['discarded_tokens']} tokens discarded)")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batches", type=int, nargs="+", default=[64, 256, 512],
+                   help="batch sizes for the overhead part (default: 64 256 512)")
+    p.add_argument("--turns", type=int, nargs="+", default=[2, 4],
+                   help="max_turns values for the overhead part (default: 2 4)")
+    p.add_argument("--turn-tokens", type=int, default=128,
+                   help="tokens per canned generation turn; observations are about as long (default: 128)")
+    p.add_argument("--repeats", type=int, default=2, help="runs per overhead setting, best one reported (default: 2)")
+    p.add_argument("--skip-overhead", action="store_true", help="skip part 1")
+    p.add_argument("--skip-real", action="store_true", help="skip part 2 (the real SmolLM2 rollout)")
+    p.add_argument("--real-n", type=int, default=16, help="trajectories in the real rollout (default: 16)")
+    p.add_argument("--real-turns", type=int, default=2, help="max_turns of the real rollout (default: 2)")
+    p.add_argument("--real-tokens", type=int, default=96,
+                   help="max tokens per generation turn in the real rollout (default: 96)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1, the machine is shared)")
+    args = p.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    torch.set_num_threads(args.threads)
+    if not args.skip_overhead:
+        tok = load_tokenizer()
+        bench_overhead(tok, args.batches, args.turns, args.turn_tokens, args.repeats)
+    if not args.skip_real:
+        bench_real(args.real_n, args.real_turns, args.real_tokens, args.threads)
+
+
+if __name__ == "__main__":
+    main()
