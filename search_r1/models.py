@@ -103,17 +103,17 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> str:
 
 def load_tokenizer(name_or_path: str | os.PathLike):
     """The tokenizer of `name_or_path` (pad token ensured); cheap once the model dir is cached."""
+    directory = resolve_model_path(name_or_path)  # first: bad names fail before the slow import
     from transformers import AutoTokenizer
 
-    directory = resolve_model_path(name_or_path)
     return _finalize_tokenizer(AutoTokenizer.from_pretrained(directory, local_files_only=True))
 
 
 def load_model_and_tokenizer(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float32):
     """(model in eval mode, tokenizer) for an alias, HF directory or GGUF file; see module docstring."""
+    directory = resolve_model_path(name_or_path)
     from transformers import AutoModelForCausalLM
 
-    directory = resolve_model_path(name_or_path)
     tokenizer = load_tokenizer(directory)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
     model.eval()
