@@ -237,3 +237,16 @@ def test_synth_world_parquet(request, tokenizer):
     assert all(r.golden_answers and r.question for r in ds.records)
     batch = next(iter(PromptDataLoader(ds, batch_size=min(4, len(ds)), seed=0)))
     assert batch.batch["input_ids"].shape[0] == min(4, len(ds))
+
+
+def test_question_recovery_sources(tmp_path, tokenizer):
+    """Raw question: a `question` column, else extra_info.question, else parsed from the prompt text."""
+    rows = _rows(["q one", "q two", "q three"], "nq")
+    rows[0]["question"] = "Original Q1"
+    rows[1]["question"] = None
+    rows[1]["extra_info"] = {"split": "train", "index": 1, "question": "from extra"}
+    # An instruction written by another template (upstream-style wording): parsed after "Question: ".
+    rows[2]["question"] = None
+    rows[2]["prompt"] = [{"role": "user", "content": "Answer using <search>. Question: who is x?\n"}]
+    ds = PromptDataset(write_parquet(tmp_path / "q.parquet", rows), tokenizer, max_prompt_length=1024)
+    assert [r.question for r in ds.records] == ["Original Q1", "from extra", "who is x?"]

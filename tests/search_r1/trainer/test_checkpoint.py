@@ -295,6 +295,7 @@ def test_sigkill_without_hook_as_soon_as_temp_dir_appears(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+    print(f"no-hook SIGKILL: save process exit code {proc.returncode}")
     if proc.returncode == 0:  # the machine was fast enough to finish: then step 2 must be complete
         assert CheckpointManager(root).latest().name == "global_step_2"
         return
