@@ -298,20 +298,22 @@ def test_search_engine_down_gives_failed_observation(tok):
 
 # -- the real retriever server ------------------------------------------------------------------
 def corpus_titles(path, n):
-    titles = []
+    """The first n distinct titles of the corpus (an entity has several passages)."""
+    titles = {}
     with open(path) as f:
         for line in f:
-            titles.append(json.loads(line)["contents"].split("\n", 1)[0].strip('"'))
+            titles[json.loads(line)["contents"].split("\n", 1)[0].strip('"')] = None
             if len(titles) == n:
                 break
-    return titles
+    return list(titles)
 
 
 def direct_passages(url, query, topk=3):
     """What the server returns, fetched independently of RetrieverClient and rendered."""
     r = requests.post(url, json={"queries": [query], "topk": topk, "return_scores": False}, timeout=10)
     r.raise_for_status()
-    return render_passages([hit["document"]["contents"] for hit in r.json()["result"][0]])
+    # without scores the server lists the documents themselves (upstream shape)
+    return render_passages([hit.get("document", hit)["contents"] for hit in r.json()["result"][0]])
 
 
 def test_real_retriever_search_then_answer_and_two_searches(tok, retriever_server):
@@ -342,3 +344,33 @@ def test_real_retriever_overlong_observation(tok, retriever_server):
     assert generated == s1 + s2
     assert whole.startswith(s1 + f"\n\n<information>Doc 1(Title: {t1})") and whole.endswith("</information>\n\n" + s2)
     assert out.meta_info["observation_token_stats"] == [24]
+
+
+def test_real_retriever_killed_mid_rollout_then_restarted(tok, retriever_server, start_retriever):
+    server = start_retriever([retriever_server.index_dir])
+    t1, t2, t3 = corpus_titles(retriever_server.corpus_path, 3)
+    engine = RetrieverClient(server.url, topk=2, retries=1, backoff=0.01, timeout=3.0)
+    s1, s2, s3 = (f"<search> {t} </search>" for t in (t1, t2, t3))
+    ans = "<answer> done </answer>"
+    prompts, batch = make_batch(tok, [f"Tell me about {t1}"])
+    scripted = ScriptedGenerator(tok, prompts, [[s1, s2, s3, ans]])
+
+    class ServerToggling:
+        """Stops the server while round 2 generates and restarts it during round 3."""
+
+        def generate(self, contexts, params):
+            n = len(scripted.calls)
+            if n == 1:
+                server.stop()
+            elif n == 2:
+                server.restart()
+            return scripted.generate(contexts, params)
+
+    config = GenerationConfig(max_turns=3, max_response_length=1200, max_obs_length=400)
+    out = LLMGenerationManager(tok, ServerToggling(), config, engine).run_llm_loop(batch)
+    check_layout(out, prompts, config)
+    o1 = search_observation(direct_passages(server.url, t1, topk=2))
+    o3 = search_observation(direct_passages(server.url, t3, topk=2))
+    assert texts(out, tok, 0) == (s1 + o1 + s2 + failed_search_observation() + s3 + o3 + ans, s1 + s2 + s3 + ans)
+    m = out.meta_info
+    assert m["search_failure_stats"] == [1] and m["valid_search_stats"] == [3] and m["active_mask"] == [False]
