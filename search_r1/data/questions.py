@@ -114,19 +114,24 @@ def _leaks(question: str, answers: list[str]) -> bool:
     return any(normalize(a) in q for a in answers)
 
 
+def _ambiguous(e, rel: str) -> bool:
+    """"Which company did X work for?" has two fair answers when X also founded a company."""
+    return e.kind == "person" and rel == "employer" and bool(e.founded)
+
+
 def candidate_questions(e, w: World, rng: random.Random) -> list[Question]:
-    """Every question whose subject is `e` and whose answer is defined and not given away by the
-    question's own words (e.g. the city of "University of Velmora")."""
+    """Every question whose subject is `e` and whose answer is defined, unambiguous and not given
+    away by the question's own words (e.g. the city of "University of Velmora")."""
     out: list[Question] = []
     for (kind, rel), templates in SINGLE.items():
-        if kind != e.kind:
+        if kind != e.kind or _ambiguous(e, rel):
             continue
         _, answers = follow(w, e.eid, rel)
         text = pick(rng, templates).format(s=e.name)
         if answers and not _leaks(text, answers):
             out.append(Question(SINGLE_HOP, text, ((e.eid, rel),), answers, e.name))
     for (kind, rel1, rel2), templates in TWO.items():
-        if kind != e.kind:
+        if kind != e.kind or _ambiguous(e, rel1):
             continue
         bridge, _ = follow(w, e.eid, rel1)
         if bridge < 0:

@@ -259,3 +259,22 @@ def test_cli_rejects_bad_size_without_traceback(tmp_path):
     res = _run_cli("--out", str(tmp_path), "--n-entities", "3")
     assert res.returncode == 2
     assert "n_entities" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_no_employer_question_for_founders():
+    """A person who founded a company and also worked for another has two fair answers to "Which
+    company did X work for?"; such questions are not asked."""
+    import random
+
+    from search_r1.data.passages import template_vocabulary
+    from search_r1.data.questions import candidate_questions
+    from search_r1.data.world import build_world
+
+    w = build_world(400, random.Random(0), template_vocabulary())
+    both = [e for e in w.entities if e.kind == "person" and e.founded and e.employer >= 0]
+    only = [e for e in w.entities if e.kind == "person" and not e.founded and e.employer >= 0]
+    assert both and only
+    rng = random.Random(0)
+    for e in both:
+        assert not any(rel == "employer" for q in candidate_questions(e, w, rng) for _, rel in q.chain[:1])
+    assert any(q.chain[0][1] == "employer" for e in only for q in candidate_questions(e, w, rng))
