@@ -246,7 +246,7 @@ class RetrieverClient(SearchEngine):
         last_url = next(reversed(tried))
         per_url = "; ".join(f"{u} -> {e}" for u, e in tried.items())
         raise SearchError(
-            f"retriever unreachable after {self.retries + 1} round(s) over {len(self.endpoints)} url(s) "
+            f"retriever failed after {self.retries + 1} round(s) over {len(self.endpoints)} url(s) "
             f"({len(queries)} queries); last error from {last_url}: {tried[last_url]}; "
             f"last error per url: {per_url}")
 
