@@ -303,26 +303,53 @@ def run_load(port: int, questions: list[Question], batch: int, clients: int, dur
 # --- raw encoder ceiling --------------------------------------------------------------------------
 
 def encoder_ceiling(index_dir: Path, questions: list[Question], batch_size: int, threads: int,
-                    quantize: str, duration: float) -> float:
+                    quantize: str, duration: float, faiss_probe: int = 0) -> tuple[float, dict]:
     """Queries/s of the server's own QueryEncoder, no HTTP, no faiss: encode the bench questions in
-    batches of `batch_size` with `threads` torch threads, for about `duration` seconds."""
+    batches of `batch_size` with `threads` torch threads, for about `duration` seconds.
+
+    Also returns the faiss side per batch: the real index's search time and, when `faiss_probe` > 0,
+    the time of an exact (Flat) search over that many random unit vectors, an estimate of what a
+    corpus of that size adds per batch when no index of that size was built.
+    """
+    import faiss
+    import numpy as np
     import torch
 
-    from retriever_server.dense_index import QueryEncoder, resolve_model
+    from retriever_server.dense_index import FAISS_FILE, QueryEncoder, resolve_model
 
     params = json.loads((index_dir / "manifest.json").read_text()).get("params", {})
     torch.set_num_threads(threads)
+    faiss.omp_set_num_threads(threads)
     enc = QueryEncoder(resolve_model(params.get("model_path")), quantize=quantize,
                        max_seq_length=params.get("max_seq_length"))
     texts = [q.text for q in questions]
     enc.encode(texts[:batch_size], batch_size)  # warm-up: first call allocates and picks kernels
-    done, i, t0 = 0, 0, time.perf_counter()
+    done, i, t0, last = 0, 0, time.perf_counter(), None
     while time.perf_counter() - t0 < duration:
         chunk = [texts[(i + j) % len(texts)] for j in range(batch_size)]
-        enc.encode(chunk, batch_size)
+        last = enc.encode(chunk, batch_size)
         done += len(chunk)
         i += batch_size
-    return done / (time.perf_counter() - t0)
+    qps = done / (time.perf_counter() - t0)
+    extra = {"encode_ms_per_batch": 1e3 * batch_size / qps}
+    index = faiss.read_index(str(index_dir / FAISS_FILE))
+    extra["faiss_ms_per_batch"] = _time_ms(lambda: index.search(last, 3))
+    if faiss_probe:
+        rng = np.random.default_rng(0)
+        probe = faiss.IndexFlatIP(last.shape[1])
+        for start in range(0, faiss_probe, 100_000):  # add in slices: bounded temporary memory
+            x = rng.standard_normal((min(100_000, faiss_probe - start), last.shape[1]), dtype=np.float32)
+            probe.add(x / np.linalg.norm(x, axis=1, keepdims=True))
+        extra["probe_faiss_ms_per_batch"] = _time_ms(lambda: probe.search(last, 3))
+    return qps, extra
+
+
+def _time_ms(fn, repeat: int = 5) -> float:
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    return 1e3 * (time.perf_counter() - t0) / repeat
 
 
 # --- report ---------------------------------------------------------------------------------------
@@ -346,7 +373,9 @@ def render_table(rows: list[Row], args, notes: list[str]) -> str:
             "| server batch (mean) | CPU % server / load gen | server RSS MB | ceiling q/s | % of ceiling | target | met |")
     lines = [f"Retriever load, B={args.batch_size} queries/request, C={args.concurrency} clients, "
              f"{args.duration:g} s per configuration after {args.warmup:g} s warm-up, "
-             f"{os.cpu_count()} CPU cores shared by server and load generator.", "",
+             f"{os.cpu_count()} CPU cores shared by server and load generator (1-min load average "
+             f"{args.load_before:.1f} before the run, {os.getloadavg()[0]:.1f} after: other work on the machine "
+             "competes for the same cores).", "",
              head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         ld = r.load
@@ -373,7 +402,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"comma-separated corpus sizes in passages, from {sorted(SIZES)}")
     p.add_argument("--kinds", default="bm25,dense", help=f"comma-separated index kinds, from {list(KINDS)}")
     p.add_argument("--dense-max-size", default=DENSE_MAX_DEFAULT,
-                   help="largest size that gets a dense run (encoding the corpus is the slow part)")
+                   help="largest of --sizes that also gets a dense run (encoding the corpus is the slow part)")
+    p.add_argument("--dense-sizes", default=None,
+                   help="explicit comma-separated sizes for the dense runs, replacing --sizes/--dense-max-size "
+                        "for dense (e.g. 10k when a 100k dense build is too slow on a busy machine)")
     p.add_argument("--batch-size", "-B", type=int, default=16, help="queries per request (B)")
     p.add_argument("--concurrency", "-C", type=int, default=8, help="concurrent clients, one connection each (C)")
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per configuration")
@@ -388,6 +420,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--encoder-batch", type=int, default=None,
                    help="batch size of the raw encoder measurement (default: B*C capped at the server's "
                         "max_batch from /health: the batch the server encodes when all clients wait)")
+    p.add_argument("--faiss-probe-size", default="",
+                   help="also time an exact faiss search over this many random vectors (a size from the "
+                        "--sizes list, e.g. 100k) to estimate a bigger dense corpus without building it")
     p.add_argument("--encoder-threads", type=int, default=os.cpu_count(),
                    help="torch threads of the raw encoder measurement; the server's torch thread count")
     p.add_argument("--questions", type=int, default=20_000, help="most single-hop questions in the query pool")
@@ -406,7 +441,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     for k in args.rebuild:
         if k not in (*KINDS, "all"):
             p.error(f"--rebuild {k!r} unknown; allowed values are {[*KINDS, 'all']}")
-    for s in args.sizes + [args.dense_max_size]:
+    if args.dense_sizes is None:
+        args.dense_sizes = [x for x in args.sizes if x in SIZES and SIZES[x] <= SIZES.get(args.dense_max_size, 0)]
+    else:
+        args.dense_sizes = [x.strip().lower() for x in args.dense_sizes.split(",") if x.strip()]
+    for s in args.sizes + args.dense_sizes + [args.dense_max_size] + ([args.faiss_probe_size] if args.faiss_probe_size else []):
         if s not in SIZES:
             p.error(f"size {s!r} unknown; allowed sizes are {sorted(SIZES)}")
     for k in args.kinds:
@@ -463,6 +502,7 @@ def bm25_ceiling(index_dir: Path, questions: list[Question], batch_size: int, du
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    args.load_before = os.getloadavg()[0]
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -471,8 +511,8 @@ def main(argv=None) -> int:
     notes: list[str] = []
     enc_batch = None
     t_all = time.time()
-    for size in args.sizes:
-        kinds = [k for k in args.kinds if k != "dense" or SIZES[size] <= SIZES[args.dense_max_size]]
+    for size in sorted(set(args.sizes) | set(args.dense_sizes), key=SIZES.get):
+        kinds = [k for k in args.kinds if size in (args.sizes if k == "bm25" else args.dense_sizes)]
         if not kinds:
             continue
         world = prepare_world(args.cache_dir, size, args.seed)
@@ -495,8 +535,14 @@ def main(argv=None) -> int:
             enc_batch = args.encoder_batch or min(args.batch_size * args.concurrency,
                                                   fp32.batching.get("max_batch", 256))
             if args.ceiling:
-                fp32.ceiling = encoder_ceiling(index_dir, questions, enc_batch, args.encoder_threads,
-                                               "none", min(args.duration, 15))
+                probe = SIZES[args.faiss_probe_size] if args.faiss_probe_size else 0
+                fp32.ceiling, cost = encoder_ceiling(index_dir, questions, enc_batch, args.encoder_threads,
+                                                     "none", min(args.duration, 15), probe)
+                notes.append(f"dense {size} fp32, per batch of {enc_batch} queries without the server: "
+                             f"encode {cost['encode_ms_per_batch']:.0f} ms, faiss Flat search over "
+                             f"{passages:,} passages {cost['faiss_ms_per_batch']:.1f} ms"
+                             + (f"; Flat search over {probe:,} random vectors (the cost a {args.faiss_probe_size} "
+                                f"corpus would add) {cost['probe_faiss_ms_per_batch']:.1f} ms" if probe else ""))
                 fp32.target = ">= 80% of ceiling, 0 errors"
                 fp32.met = fp32.load.queries_per_s >= 0.8 * fp32.ceiling and not fp32.load.errors
             if args.int8:
@@ -504,8 +550,8 @@ def main(argv=None) -> int:
                                   ["--quantize", "int8"])
                 rows.append(q8)
                 if args.ceiling:
-                    q8.ceiling = encoder_ceiling(index_dir, questions, enc_batch, args.encoder_threads,
-                                                 "int8", min(args.duration, 15))
+                    q8.ceiling, _ = encoder_ceiling(index_dir, questions, enc_batch, args.encoder_threads,
+                                                    "int8", min(args.duration, 15))
                 speedup = q8.load.queries_per_s / fp32.load.queries_per_s
                 drecall = 100 * (q8.load.recall3 - fp32.load.recall3)
                 q8.target = ">= 1.8x fp32 q/s, recall@3 within 1 pt"
