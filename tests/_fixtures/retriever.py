@@ -98,15 +98,19 @@ class RetrieverHandle:
                 *[a for d in self.index_dirs for a in ("--index", str(d))],
                 "--port", str(self.port), *_flags(flags)]
 
-    def start(self, timeout: float = STARTUP_TIMEOUT_S) -> "RetrieverHandle":
-        import requests
-
+    def launch(self) -> "RetrieverHandle":
+        """Start the subprocess without waiting (see `wait_healthy`); lets tests start several at once."""
         log = open(self.log_path, "ab")
         log.write(f"\n$ {' '.join(self.command)}\n".encode())
         log.flush()
         self.proc = subprocess.Popen(self.command, cwd=REPO, env=_env(self.env), stdout=log,
                                      stderr=subprocess.STDOUT)
         log.close()
+        return self
+
+    def wait_healthy(self, timeout: float = STARTUP_TIMEOUT_S) -> "RetrieverHandle":
+        import requests
+
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -121,6 +125,9 @@ class RetrieverHandle:
         self.stop()
         raise TimeoutError(f"retriever not healthy after {timeout}s; log {self.log_path}:\n"
                            + self.log_path.read_text()[-3000:])
+
+    def start(self, timeout: float = STARTUP_TIMEOUT_S) -> "RetrieverHandle":
+        return self.launch().wait_healthy(timeout)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
