@@ -374,3 +374,41 @@ def test_real_retriever_killed_mid_rollout_then_restarted(tok, retriever_server,
     assert texts(out, tok, 0) == (s1 + o1 + s2 + failed_search_observation() + s3 + o3 + ans, s1 + s2 + s3 + ans)
     m = out.meta_info
     assert m["search_failure_stats"] == [1] and m["valid_search_stats"] == [3] and m["active_mask"] == [False]
+
+
+# -- a real backend -------------------------------------------------------------------------------
+def test_hf_generator_ids_and_logprobs_are_kept_verbatim():
+    """With HFGenerator (tiny random Qwen3) the response holds exactly the sampled ids and their
+    logprobs, turn after turn; greedy validation rollouts are reproducible."""
+    from search_r1.models import load_model_and_tokenizer
+    from search_r1.rollout.backends import HFGenerator
+
+    torch.set_num_threads(1)
+    model, htok = load_model_and_tokenizer("tiny-random-qwen3")
+    prompts, batch = make_batch(htok, ["Who founded Veltra", "Where is Mirren"])
+    backend = HFGenerator(model, htok)
+    seen = {0: [], 1: []}  # row -> [(ids, logprobs)] per turn
+
+    class Recording:
+        def generate(self, contexts, params):
+            outs = backend.generate(contexts, params)
+            for ctx, o in zip(contexts, outs):
+                row = 0 if ctx[: len(prompts[0])] == prompts[0] else 1
+                seen[row].append((list(o.token_ids), list(o.logprobs)))
+            return outs
+
+    config = GenerationConfig(max_turns=1, max_tokens_per_turn=6, max_response_length=300, seed=3)
+    engine = MockSearchEngine({})
+    out = LLMGenerationManager(htok, Recording(), config, engine).run_llm_loop(batch)
+    check_layout(out, prompts, config)
+    for row in (0, 1):
+        rm = out.batch["response_mask"][row].bool()
+        assert out.batch["responses"][row][rm].tolist() == [t for ids, _ in seen[row] for t in ids]
+        assert out.batch["rollout_log_probs"][row][rm].tolist() == pytest.approx(
+            [lp for _, lps in seen[row] for lp in lps], abs=1e-6)
+    assert out.meta_info["rollout_stats"]["discarded_tokens"] == 0
+
+    val = [LLMGenerationManager(htok, backend, config, engine, is_validation=True).run_llm_loop(batch)
+           for _ in range(2)]
+    assert torch.equal(val[0].batch["input_ids"], val[1].batch["input_ids"])
+    assert torch.equal(val[0].batch["response_mask"], val[1].batch["response_mask"])
