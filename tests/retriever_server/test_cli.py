@@ -1,0 +1,72 @@
+"""`python -m retriever_server`: help, build errors, defaults, and the zero-argument default corpus."""
+import json
+import subprocess
+import sys
+
+import requests
+
+from retriever_server.__main__ import build_parser, default_synth_dir
+from tests._fixtures.retriever import REPO, RetrieverHandle, _env
+
+
+def run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "retriever_server", *args], cwd=REPO, env=_env(env),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_help_explains_every_flag():
+    serve = run("serve", "--help")
+    assert serve.returncode == 0
+    for flag in ("--index", "--host", "--port", "--api-key", "--topk", "--max-topk", "--max-queries",
+                 "--max-query-chars", "--max-body-bytes", "--max-ids", "--batch-window-ms", "--max-batch",
+                 "--workers", "--torch-threads", "--faiss-threads", "--quantize", "--rrf-k", "--rrf-depth"):
+        assert flag in serve.stdout, flag
+    build = run("build", "--help")
+    for flag in ("--corpus", "--kind", "--out", "--model", "--faiss", "--hnsw-m", "--ivf-nlist", "--force"):
+        assert flag in build.stdout, flag
+
+
+def test_serve_defaults():
+    args = build_parser().parse_args(["serve"])
+    assert args.host == "127.0.0.1" and args.port == 8000 and args.topk == 3 and args.rrf_k == 60
+    assert args.index == [] and args.quantize == "none"
+
+
+def test_build_errors_are_one_clear_line(tmp_path, retriever_server):
+    missing = run("build", "--corpus", str(tmp_path / "nope.jsonl"), "--kind", "bm25", "--out", str(tmp_path / "o"))
+    assert missing.returncode == 2 and "no such file" in missing.stderr and "Traceback" not in missing.stderr
+    exists = run("build", "--corpus", str(retriever_server.corpus_path), "--kind", "bm25",
+                 "--out", str(retriever_server.index_dir))
+    assert exists.returncode == 2 and "--force" in exists.stderr
+    bad_kind = run("build", "--corpus", "c", "--kind", "tfidf", "--out", "o")
+    assert bad_kind.returncode == 2 and "invalid choice" in bad_kind.stderr
+    not_index = run("serve", "--index", str(tmp_path))
+    assert not_index.returncode == 2 and "manifest.json" in not_index.stderr
+
+
+def test_default_dir_follows_search_r1_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("SEARCH_R1_HOME", str(tmp_path))
+    assert default_synth_dir() == tmp_path / "synth" / "default"
+    from search_r1.paths import default_synth_dir as reference  # the rule this module repeats
+    assert default_synth_dir() == reference()
+
+
+def test_no_arguments_builds_and_serves_the_default_corpus(tmp_path):
+    handle = RetrieverHandle([], log_path=tmp_path / "default.log", env={"SEARCH_R1_HOME": str(tmp_path)})
+    # exactly `python -m retriever_server` plus a port (8000 may be taken on a shared machine)
+    cmd = [sys.executable, "-m", "retriever_server", "serve", "--port", str(handle.port)]
+    log = open(handle.log_path, "wb")
+    handle.proc = subprocess.Popen(cmd, cwd=REPO, env=_env({"SEARCH_R1_HOME": str(tmp_path)}),
+                                   stdout=log, stderr=subprocess.STDOUT)
+    try:
+        handle.wait_healthy(timeout=300)
+        world = tmp_path / "synth" / "default"
+        assert (world / "corpus.jsonl").exists() and (world / "index_bm25" / "manifest.json").exists()
+        h = handle.health()
+        assert h["kind"] == "bm25" and h["corpus_size"] > 100
+        question = json.loads(open(world / "test.jsonl").readline())["question"]
+        r = requests.post(handle.url, json={"queries": [question], "topk": 3}, timeout=30)
+        assert r.status_code == 200 and len(r.json()["result"][0]) == 3
+    finally:
+        handle.stop()
+        log.close()
