@@ -92,3 +92,48 @@ def test_backend_contract_violations_are_clear_errors():
         ep.apply_generation([1], [0.0, 0.0], "x")
     with pytest.raises(ValueError, match="without a pending"):
         ep.apply_observation([1])
+
+
+def test_one_episode_at_a_time_matches_the_batch_manager():
+    """Driving Episodes one by one (as a per-trajectory async agent loop will) gives the same ids,
+    masks and logprobs as `run_llm_loop` over the batch."""
+    import torch
+
+    from search_r1.protocol import ObservationEncoder, decode_ids, stop_strings
+    from search_r1.rollout.backends import SamplingParams
+    from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager
+    from search_r1.rollout.tensor_helper import pad_ragged
+    from search_r1.search import MockSearchEngine
+    from verl import DataProto
+
+    from tests.search_r1.rollout.scripted import ScriptedGenerator, smollm2_tokenizer
+
+    tok = smollm2_tokenizer()
+    engine = MockSearchEngine({"veltra": "Doc 1(Title: Veltra) Veltra was founded by Ana Osk.\n"})
+    prompts = [tok(q, add_special_tokens=False)["input_ids"] for q in ("Q: Veltra?", "Q: Paris?", "Q: loop?")]
+    scripts = [["<search> Veltra </search>", "<answer> Ana Osk </answer>"], ["<answer> Paris </answer>"],
+               ["hmm", "<search> Veltra </search>", "<search> again Veltra </search>"]]
+    config = GenerationConfig(max_turns=2, max_response_length=300, max_obs_length=20)
+
+    ids, mask = (torch.from_numpy(a) for a in pad_ragged(prompts, left=True))
+    batch = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask})
+    out = LLMGenerationManager(tok, ScriptedGenerator(tok, prompts, scripts), config, engine).run_llm_loop(batch)
+
+    gen = ScriptedGenerator(tok, prompts, scripts)
+    encoder = ObservationEncoder(tok, config.protocol)
+    for row, prompt in enumerate(prompts):
+        ep = Episode(prompt, config.limits, config.protocol)
+        while ep.active:
+            o = gen.generate([ep.context_ids()], SamplingParams(max_tokens=ep.generation_budget(),
+                                                                stop=stop_strings(config.protocol)))[0]
+            action = ep.apply_generation(o.token_ids, o.logprobs, decode_ids(tok, [o.token_ids])[0])
+            if ep.needs_observation:
+                kind = "search" if ep.pending == "search" else "invalid"
+                passages = engine.search(action.content) if kind == "search" else None
+                ep.apply_observation(encoder.encode([kind], [passages], [ep.observation_budget()])[0])
+        n = len(ep.response_ids)
+        assert out.batch["responses"][row, :n].tolist() == ep.response_ids
+        assert out.batch["response_mask"][row, :n].tolist() == ep.info_mask
+        assert out.batch["rollout_log_probs"][row, :n].tolist() == pytest.approx(ep.logprobs)
+        assert out.batch["attention_mask"][row, ids.shape[1] + n:].sum() == 0
+        assert out.meta_info["turns_stats"][row] == ep.turns
