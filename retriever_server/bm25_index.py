@@ -18,6 +18,7 @@ than asked when fewer match).
 """
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from functools import lru_cache
@@ -29,6 +30,7 @@ import scipy.sparse as sp
 
 SUBDIR = "bm25"
 TERM_MAX = "term_max.npy"   # [V] float32: the largest weight in each token's posting list
+QUERY_VOCAB = "query_vocab.json"  # stem -> token id, all a query needs (see `query_vocab`)
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"
 DEFAULT_PARAMS = {"k1": 1.5, "b": 0.75, "method": "lucene", "stemmer": "english", "stopwords": "en"}
 
@@ -62,6 +64,8 @@ def build_bm25(docs: Iterable[tuple[str, str]], out_dir: str | Path, n_docs: int
     model.save(save_dir, show_progress=False)
     tokenizer.save_vocab(save_dir)
     tokenizer.save_stopwords(save_dir)
+    (save_dir / QUERY_VOCAB).write_text(json.dumps(query_vocab(tokenizer), ensure_ascii=False),
+                                        encoding="utf-8")
     data, indices, indptr = model.scores["data"], model.scores["indices"], model.scores["indptr"]
     np.save(save_dir / TERM_MAX, term_max_scores(data, indptr))
     return {"sorted_postings": postings_sorted(indices, indptr),
@@ -100,37 +104,50 @@ def _union_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return c[keep]
 
 
+def query_vocab(tokenizer) -> dict[str, int]:
+    """The one mapping a query needs: stem -> token id (word -> token id without a stemmer).
+
+    bm25s's tokenizer keeps three dictionaries (word->stem, stem->id, word->id); with a stemmer,
+    word->id[w] is always stem->id[stem(w)], so a server needs only the stem one, a third of the
+    memory on a 1M-passage vocabulary.
+    """
+    return tokenizer.stem_to_sid if tokenizer.stemmer is not None else tokenizer.word_to_id
+
+
 class QueryTokenizer:
     """Maps query text to index token ids exactly as bm25s's Tokenizer maps documents, read-only.
 
     bm25s's `Tokenizer.tokenize(update_vocab=False)` still records every unseen query word in its
     dictionaries, so a long-running server would grow without bound on arbitrary queries; this
-    class only reads the saved vocabulary and keeps a bounded stem cache.
+    class only reads the saved vocabulary (QUERY_VOCAB, written at build time) and keeps a bounded
+    stem cache.
     """
 
-    def __init__(self, save_dir: str | Path, stemmer: str | None, cache_size: int = 200_000):
-        import bm25s
-        tok = bm25s.tokenization.Tokenizer(stopwords=None)
-        tok.load_vocab(save_dir)
-        tok.load_stopwords(save_dir)
-        self._word_to_id: dict[str, int] = tok.word_to_id
-        self._stem_to_id: dict[str, int] = tok.stem_to_sid
-        self._stop = frozenset(tok.stopwords or ())
-        self._split = re.compile(TOKEN_PATTERN).findall
+    def __init__(self, save_dir: str | Path, stemmer: str | None, cache_size: int = 100_000):
+        save_dir = Path(save_dir)
         stem = _stemmer(stemmer)
+        if (save_dir / QUERY_VOCAB).exists():
+            self._vocab: dict[str, int] = json.loads((save_dir / QUERY_VOCAB).read_text(encoding="utf-8"))
+            stopwords = json.loads((save_dir / "stopwords.tokenizer.json").read_text(encoding="utf-8"))
+        else:  # an index from before QUERY_VOCAB existed: derive it from bm25s's tokenizer files
+            import bm25s
+            tok = bm25s.tokenization.Tokenizer(stopwords=None, stemmer=stem)
+            tok.load_vocab(save_dir)
+            tok.load_stopwords(save_dir)
+            self._vocab, stopwords = query_vocab(tok), tok.stopwords
+        self._stop = frozenset(stopwords or ())
+        self._split = re.compile(TOKEN_PATTERN).findall
         self._stem = lru_cache(maxsize=cache_size)(stem.stemWord) if stem else None
 
     def ids(self, text: str) -> list[int]:
         out = []
+        vocab, stop, stem = self._vocab, self._stop, self._stem
         for word in self._split(text.lower()):
-            tid = self._word_to_id.get(word)
-            if tid is None:
-                if word in self._stop:
-                    continue
-                tid = self._stem_to_id.get(self._stem(word) if self._stem else word)
-                if tid is None:
-                    continue
-            out.append(tid)
+            if word in stop:
+                continue
+            tid = vocab.get(stem(word) if stem else word)
+            if tid is not None:
+                out.append(tid)
         return out
 
 

@@ -14,6 +14,7 @@ cosine), which is what the faiss indexes expect.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,7 @@ def read_st_layout(model_dir: Path) -> tuple[Path, str, int | None]:
 
 
 class TextEncoder:
-    """Batched text -> [n, dim] float32 unit vectors. Not thread-safe (call from one thread)."""
+    """Batched text -> [n, dim] float32 unit vectors; safe to call from several threads."""
 
     def __init__(self, model_dir: str | Path, quantize: str = "none", max_seq_length: int | None = None):
         if quantize not in QUANTIZE:
@@ -79,6 +80,8 @@ class TextEncoder:
                                               dtype=torch.qint8)
         self.quantize = quantize
         self.dim = int(self.model.config.hidden_size)
+        # HF fast tokenizers raise "Already borrowed" when two threads tokenize with padding at once.
+        self._tokenizer_lock = threading.Lock()
 
     def _pool(self, hidden, mask):
         import torch
@@ -98,8 +101,9 @@ class TextEncoder:
         with torch.inference_mode():
             for start in range(0, len(order), batch_size):
                 idx = order[start:start + batch_size]
-                batch = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
-                                       max_length=self.max_seq_length, return_tensors="pt")
+                with self._tokenizer_lock:
+                    batch = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
+                                           max_length=self.max_seq_length, return_tensors="pt")
                 hidden = self.model(input_ids=batch["input_ids"],
                                     attention_mask=batch["attention_mask"]).last_hidden_state
                 emb = torch.nn.functional.normalize(self._pool(hidden, batch["attention_mask"]), dim=-1)

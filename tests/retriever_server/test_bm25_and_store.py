@@ -56,12 +56,12 @@ def test_query_tokenizer_matches_bm25s_and_does_not_grow(retriever_server):
     theirs = bm25s.tokenization.Tokenizer(stopwords=None, stemmer=Stemmer.Stemmer("english"))
     theirs.load_vocab(save_dir)
     theirs.load_stopwords(save_dir)
-    size = len(ours._word_to_id)
+    size = len(ours._vocab)
     for q in _queries(retriever_server, 20):
         expected = theirs.tokenize([q], update_vocab=False, show_progress=False, allow_empty=False)[0]
         assert ours.ids(q) == expected, q
     ours.ids("completely novel wordings xyzzy plugh")
-    assert len(ours._word_to_id) == size
+    assert len(ours._vocab) == size
 
 
 def test_top_k_rows_orders_by_score_then_row():
@@ -112,3 +112,14 @@ def test_store_is_memory_mapped(retriever_server):
     assert isinstance(store._c_off, np.memmap) and isinstance(store._hash, np.memmap)
     import mmap
     assert isinstance(store._contents, mmap.mmap)
+
+
+def test_query_tokenizer_falls_back_to_bm25s_vocab_files(retriever_server, tmp_path):
+    import shutil
+    from retriever_server.bm25_index import QUERY_VOCAB
+    old = tmp_path / "bm25"
+    shutil.copytree(retriever_server.index_dir / "bm25", old)
+    (old / QUERY_VOCAB).unlink()
+    new_tok, old_tok = QueryTokenizer(retriever_server.index_dir / "bm25", "english"), QueryTokenizer(old, "english")
+    for q in _queries(retriever_server, 20):
+        assert new_tok.ids(q) == old_tok.ids(q)
