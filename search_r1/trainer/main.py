@@ -196,16 +196,17 @@ def run(cfg: TrainConfig, search_engine=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     data = prepare_data(cfg)
-    tokenizer = load_tokenizer(cfg.model.name)
-    train_ds = PromptDataset(list(data.train_files), tokenizer, cfg.data.max_prompt_length, cfg.data.protocol)
-    val_ds = PromptDataset(list(data.test_files), tokenizer, cfg.data.max_prompt_length, cfg.data.protocol)
-    loader = PromptDataLoader(train_ds, cfg.trainer.batch_size, seed=cfg.trainer.seed, shuffle=True, drop_last=True)
 
     with contextlib.ExitStack() as stack:
-        if search_engine is None:
+        if search_engine is None:  # before anything slow: an unreachable retriever fails in seconds
             url = stack.enter_context(retriever_for_run(cfg, data, out))
             r = cfg.retriever
             search_engine = RetrieverClient(url, topk=r.topk, timeout=r.timeout, retries=r.retries)
+        tokenizer = load_tokenizer(cfg.model.name)
+        train_ds = PromptDataset(list(data.train_files), tokenizer, cfg.data.max_prompt_length, cfg.data.protocol)
+        val_ds = PromptDataset(list(data.test_files), tokenizer, cfg.data.max_prompt_length, cfg.data.protocol)
+        loader = PromptDataLoader(train_ds, cfg.trainer.batch_size, seed=cfg.trainer.seed, shuffle=True,
+                                  drop_last=True)
         started_ray = init_ray(cfg.trainer.n_workers)
         if started_ray:
             stack.callback(ray.shutdown)
