@@ -187,7 +187,7 @@ class HFGenerator:
             raise ValueError(f"HFGenerator batch_size must be None or >= 1, got {batch_size}")
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"HFGenerator logprobs_mode={logprobs_mode!r}; choose one of {LOGPROBS_MODES}")
-        self.model = model.eval()
+        self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.logprobs_mode = logprobs_mode
@@ -210,12 +210,19 @@ class HFGenerator:
         size = self.batch_size or len(prompts)
         base_seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
         results: list[GenOutput | None] = [None] * len(prompts)
-        with torch.inference_mode():
-            for first in range(0, len(order), size):
-                rows = order[first:first + size]
-                rngs = [_row_rng(base_seed, i) for i in rows]
-                for i, out in zip(rows, self._generate_batch([prompts[i] for i in rows], params, rngs)):
-                    results[i] = out
+        # The same module may be trained between calls (the CPU trainer shares it): switch to eval
+        # for sampling and restore the caller's mode afterwards.
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                for first in range(0, len(order), size):
+                    rows = order[first:first + size]
+                    rngs = [_row_rng(base_seed, i) for i in rows]
+                    for i, out in zip(rows, self._generate_batch([prompts[i] for i in rows], params, rngs)):
+                        results[i] = out
+        finally:
+            self.model.train(was_training)
         self.stats["calls"] += 1
         self.stats["prompts"] += len(prompts)
         self.stats["generated_tokens"] += sum(len(r.token_ids) for r in results)

@@ -193,3 +193,15 @@ def test_outputs_are_genoutputs_with_consistent_lengths(tiny):
         assert isinstance(out, GenOutput)
         assert len(out.token_ids) == len(out.logprobs) == 5
         assert all(math.isfinite(lp) and lp <= 0 for lp in out.logprobs)
+
+
+def test_generation_restores_the_callers_train_mode(tiny):
+    model, tok, prompts = tiny
+    gen = HFGenerator(model, tok)
+    model.train()
+    try:
+        train_mode = gen.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0))[0]
+        assert model.training  # the trainer's module is left as it was
+    finally:
+        model.eval()
+    assert train_mode.token_ids == gen.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0))[0].token_ids
