@@ -24,7 +24,12 @@ def dense_world(synth_world, tmp_path_factory):
     corpus.write_text("\n".join(lines) + "\n")
     docs = [json.loads(line) for line in lines]
     bm25 = build_retriever_index(corpus, "bm25", root / "bm25")
-    dense = build_retriever_index(corpus, "dense", root / "dense", torch_threads=1)
+    # in-process (same code as the CLI's build): this process imports transformers for the int8
+    # test anyway, and a subprocess would pay that import again
+    import torch
+    from retriever_server.__main__ import build_index
+    torch.set_num_threads(1)
+    dense = build_index(corpus, "dense", root / "dense")
     servers = {}
     for name, dirs, flags in [("dense", [dense], {}), ("hybrid", [bm25, dense], {"rrf_depth": 10})]:
         servers[name + "_server"] = RetrieverHandle(dirs, log_path=root / f"{name}.log", flags=flags).launch()
@@ -126,3 +131,25 @@ def test_encoder_matches_sentence_transformers():
     ref = SentenceTransformer(str(default_model_path()), device="cpu").encode(
         texts, normalize_embeddings=True, convert_to_numpy=True)
     np.testing.assert_allclose(ours, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_faiss_index_kinds_find_the_query_vector(kind):
+    """Each --faiss kind, on random unit vectors: searching a stored vector returns it first."""
+    import faiss
+    from retriever_server.dense_index import _make_faiss_index
+    faiss.omp_set_num_threads(1)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2000, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    index, params = _make_faiss_index(kind, 32, len(x), hnsw_m=16, ivf_nlist=None)
+    if kind == "ivf":
+        assert params["ivf_nlist"] == min(int(4 * np.sqrt(2000)), 2000 // 39)
+        index.train(x)
+        faiss.extract_index_ivf(index).nprobe = 8
+    index.add(x)
+    scores, rows = index.search(x[:200], 3)
+    assert (rows[:, 0] == np.arange(200)).mean() >= 0.95
+    np.testing.assert_allclose(scores[rows[:, 0] == np.arange(200), 0], 1.0, atol=1e-4)
+    with pytest.raises(ValueError, match="allowed values"):
+        _make_faiss_index("lsh", 32, 10, 16, None)
