@@ -8,7 +8,8 @@ tensor assembly. Batch 64/256/512 x max_turns 2/4. Each run has max_turns search
 final no-search round. Target: <= 100 ms of loop overhead per round at batch 512.
 
 Part 2 (real): SmolLM2-135M-Instruct through `HFGenerator` on 16 questions of a synthetic world,
-with the real BM25 retriever server (built and started here on a free 127.0.0.1 port). Reports
+with the real BM25 retriever server (built and started here on a free 127.0.0.1 port); the prompt
+opens with a one-shot demonstration turn so the untrained model issues searches at all. Reports
 tokens sampled vs kept (target: nothing discarded beyond the stop string's final token) and the
 wall-time split generation / search / loop.
 
@@ -95,10 +96,14 @@ def passage_pool(tok, n: int, n_tokens: int, seed: int = 0) -> list[str]:
                     f"{' '.join(rng.choice(vocab, size=n_words))}\n" for d in (1, 2, 3)) for _ in range(n)]
 
 
-def make_gen_batch(tok, questions, prefill: str = ""):
+DEMO = [{"role": "user", "content": make_messages("What is the capital of France")[0]["content"]},
+        {"role": "assistant", "content": "<search> capital of France </search>"}]
+
+
+def make_gen_batch(tok, questions, one_shot: bool = False):
     from verl import DataProto
-    extra = tok(prefill, add_special_tokens=False)["input_ids"] if prefill else []
-    prompts = [apply_chat_template(tok, make_messages(q)) + extra for q in questions]
+    demo = DEMO if one_shot else []
+    prompts = [apply_chat_template(tok, demo + make_messages(q)) for q in questions]
     ids, mask = pad_ragged(prompts, pad_value=tok.pad_token_id or 0, left=True)
     ids, mask = torch.from_numpy(ids), torch.from_numpy(mask)
     return DataProto.from_dict(
@@ -182,7 +187,7 @@ def start_retriever(workdir: Path):
     raise RuntimeError("retriever server did not become healthy in 60 s")
 
 
-def bench_real(n: int, max_turns: int, tokens_per_turn: int, threads: int, prefill: str):
+def bench_real(n: int, max_turns: int, tokens_per_turn: int, threads: int, one_shot: bool):
     import json
 
     from search_r1.models import load_model_and_tokenizer
@@ -197,7 +202,7 @@ def bench_real(n: int, max_turns: int, tokens_per_turn: int, threads: int, prefi
             model.eval()
             with open(test_path) as f:
                 questions = [json.loads(line)["question"] for line, _ in zip(f, range(n))]
-            batch = make_gen_batch(tok, questions, prefill)
+            batch = make_gen_batch(tok, questions, one_shot)
             cfg = GenerationConfig(max_turns=max_turns, max_tokens_per_turn=tokens_per_turn,
                                    max_response_length=(max_turns + 1) * tokens_per_turn + max_turns * 300,
                                    max_obs_length=300, seed=0)
@@ -209,7 +214,7 @@ def bench_real(n: int, max_turns: int, tokens_per_turn: int, threads: int, prefi
     rs, t, m = out.meta_info["rollout_stats"], out.meta_info["timing"], out.meta_info
     print(f"\nPart 2: SmolLM2-135M-Instruct, {n} trajectories, max_turns {max_turns}, "
           f"{tokens_per_turn} tokens/turn cap, real BM25 retriever, {threads} torch threads, "
-          f"prompt prefill {prefill!r}")
+          f"{'one-shot search demo in the prompt' if one_shot else 'zero-shot prompt'}")
     print(f"{'sampled':>8} {'kept':>6} {'discarded':>9} {'overshoot':>9} {'obs_tok':>7} {'searches':>8} "
           f"{'answered':>8} {'gen_s':>7} {'search_s':>8} {'loop_s':>7} {'total_s':>7}")
     print(f"{rs['sampled_tokens']:>8} {rs['kept_generated_tokens']:>6} {rs['discarded_tokens']:>9} "
@@ -235,9 +240,10 @@ def main(argv=None):
     p.add_argument("--real-turns", type=int, default=2, help="max_turns of the real rollout (default: 2)")
     p.add_argument("--real-tokens", type=int, default=48,
                    help="max tokens per generation turn in the real rollout (default: 48)")
-    p.add_argument("--prefill", default="<search>",
-                   help="text appended to each prompt after the assistant header, so that the untrained "
-                        "135M model issues searches at all (default: '<search>'; '' for none)")
+    p.add_argument("--zero-shot", action="store_true",
+                   help="plain prompts; by default the prompt starts with a one-shot demonstration turn "
+                        "(a question answered by '<search> ... </search>'), without which the untrained "
+                        "135M model never searches")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1, the machine is shared)")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -247,7 +253,7 @@ def main(argv=None):
         tok = load_tokenizer()
         bench_overhead(tok, args.batches, args.turns, args.turn_tokens, args.repeats)
     if not args.skip_real:
-        bench_real(args.real_n, args.real_turns, args.real_tokens, args.threads, args.prefill)
+        bench_real(args.real_n, args.real_turns, args.real_tokens, args.threads, not args.zero_shot)
 
 
 if __name__ == "__main__":
