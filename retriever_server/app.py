@@ -193,6 +193,15 @@ def _format_validation(exc: RequestValidationError, path: str) -> tuple[int, str
     return 422, "; ".join(parts) + hint
 
 
+def _check_unicode(text: str, field: str) -> None:
+    """JSON may carry lone surrogates (\\ud800) that no UTF-8 consumer (tokenizers, hashing) accepts."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ClientError(422, f"{field}: not valid unicode (unpaired surrogate); send UTF-8 text") from None
+
+
 def _check_retrieve(req: RetrieveRequest, limits: Limits) -> int:
     """Validate against the configured limits; returns the topk to use."""
     n = len(req.queries)
@@ -204,6 +213,7 @@ def _check_retrieve(req: RetrieveRequest, limits: Limits) -> int:
     for i, q in enumerate(req.queries):
         if not q.strip():
             raise ClientError(422, f"queries[{i}]: empty query; every query needs some text")
+        _check_unicode(q, f"queries[{i}]")
         if len(q) > limits.max_query_chars:
             raise ClientError(422, f"queries[{i}]: {len(q)} characters; max_query_chars is "
                               f"{limits.max_query_chars} (shorten it or raise --max-query-chars)")
@@ -260,6 +270,8 @@ def create_app(searcher, store, limits: Limits = Limits(), api_key: str | None =
         if len(req.ids) > limits.max_ids:
             raise ClientError(422, f"ids: {len(req.ids)} ids in one request; max_ids is "
                               f"{limits.max_ids} (split the request or raise --max-ids)")
+        for i, doc_id in enumerate(req.ids):
+            _check_unicode(doc_id, f"ids[{i}]")
         result, missing = [], []
         for doc_id in req.ids:
             row = store.row_of(doc_id)

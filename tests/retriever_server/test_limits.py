@@ -41,6 +41,8 @@ CASES = [
     (b'{"queries": ["ok"], "topk": 0}', 422, ["topk", "1..10"]),
     (b'{"queries": ["ok"], "topk": 11}', 422, ["topk", "1..10"]),
     (b'{"queries": ["ok"], "topk": -3}', 422, ["topk"]),
+    (b'{"queries": ["ok", "\\ud800 lone surrogate"]}', 422, ["queries[1]", "unicode"]),
+    (b'{"queries": ["\xff\xfe not utf-8"]}', 400, []),
 ]
 
 
@@ -85,6 +87,8 @@ def test_access_limits(small_server):
     assert r.status_code == 422 and "max_ids is 3" in r.json()["detail"]
     r = post_raw(small_server, b'{"ids": [1]}', "/access")
     assert r.status_code == 422 and "ids.0" in r.json()["detail"]
+    r = post_raw(small_server, b'{"ids": ["\\udc00"]}', "/access")
+    assert r.status_code == 422 and "ids[0]" in r.json()["detail"]
 
 
 def test_server_survives_and_counts_client_errors(small_server):
