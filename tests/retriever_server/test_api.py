@@ -104,27 +104,47 @@ def test_form_encoded_json_body_is_accepted(retriever_server):
     assert r.status_code == 200 and len(r.json()["result"][0]) == 1
 
 
-def test_concurrent_load_without_errors_and_batching_happens(retriever_server):
-    questions = [json.loads(line)["question"]
-                 for line in open(Path(retriever_server.corpus_path).parent / "train.jsonl")][:320]
-    before = retriever_server.health()["batching"]
-
+def _hammer(server, questions, threads=8, requests_per_thread=20, batch=4):
+    """`threads` clients x `requests_per_thread` POSTs of `batch` queries; returns (status, ok) pairs."""
     def worker(t):
         session = requests.Session()
         statuses = []
-        for i in range(20):
-            qs = questions[(t * 20 + i) % len(questions):][:4] or questions[:4]
-            r = session.post(retriever_server.url, json={"queries": qs, "topk": 3}, timeout=30)
-            statuses.append((r.status_code, len(r.json()["result"]) == len(qs)))
+        for i in range(requests_per_thread):
+            start = (t * requests_per_thread + i) % (len(questions) - batch)
+            qs = questions[start:start + batch]
+            r = session.post(server.url, json={"queries": qs, "topk": 3}, timeout=30)
+            statuses.append((r.status_code, r.status_code == 200 and len(r.json()["result"]) == len(qs)))
         return statuses
 
-    with ThreadPoolExecutor(8) as pool:
-        results = [s for part in pool.map(worker, range(8)) for s in part]
-    assert results == [(200, True)] * 160
+    with ThreadPoolExecutor(threads) as pool:
+        return [s for part in pool.map(worker, range(threads)) for s in part]
+
+
+def _questions(server):
+    return [json.loads(line)["question"] for line in open(Path(server.corpus_path).parent / "train.jsonl")][:320]
+
+
+def test_concurrent_load_without_errors_and_batching_happens(retriever_server):
+    before = retriever_server.health()["batching"]
+    assert _hammer(retriever_server, _questions(retriever_server)) == [(200, True)] * 160
     after = retriever_server.health()["batching"]
-    assert after["batched_queries"] - before["batched_queries"] >= 160 * 4 - 10
+    assert after["batched_queries"] - before["batched_queries"] == 160 * 4
     # concurrent requests shared index lookups: fewer batches than requests
     assert after["batches"] - before["batches"] < 160
+
+
+def test_concurrent_load_with_two_search_threads_and_tiny_batches(retriever_server, start_retriever):
+    # two batches in flight at once, and max_batch smaller than a request (requests get split)
+    server = start_retriever([retriever_server.index_dir], workers=2, max_batch=3, batch_window_ms=5)
+    server.corpus_path = retriever_server.corpus_path
+    questions = _questions(retriever_server)
+    assert _hammer(server, questions, threads=6, requests_per_thread=10) == [(200, True)] * 60
+    # split requests come back in order: same answers as the one-batch server
+    qs = questions[:7]
+    mine = requests.post(server.url, json={"queries": qs}, timeout=30).json()
+    ref = requests.post(retriever_server.url, json={"queries": qs}, timeout=30).json()
+    assert mine == ref
+    assert server.health()["batching"]["max_batch_queries"] <= 3
 
 
 def test_binds_loopback_by_default(retriever_server):
