@@ -43,6 +43,9 @@ class HybridSearcher:
     kind = "hybrid"
 
     def __init__(self, searchers: Sequence, rrf_k: float = 60.0, depth: int = 50):
+        if rrf_k < 0 or depth < 1:
+            raise ValueError(f"--rrf-k {rrf_k} / --rrf-depth {depth}: need rrf_k >= 0 (60 is usual) "
+                             "and depth >= 1")
         self.searchers = list(searchers)
         self.rrf_k = rrf_k
         self.depth = depth
