@@ -19,10 +19,12 @@ class MockSearchEngine(SearchEngine):
 
     def __init__(self, mapping: dict[str, str], default: str | None = None):
         if not isinstance(mapping, dict):
-            raise ValueError(f"MockSearchEngine mapping must be a dict keyword -> text, got {type(mapping).__name__}")
+            raise ValueError("MockSearchEngine mapping must be a dict keyword -> text, "
+                             f"got {type(mapping).__name__}")
         for key, text in mapping.items():
             if not isinstance(key, str) or not key.strip() or not isinstance(text, str):
-                raise ValueError(f"MockSearchEngine mapping entries must be non-empty str -> str, got {key!r}: {text!r}")
+                raise ValueError("MockSearchEngine mapping entries must be non-empty str -> str, "
+                                 f"got {key!r}: {text!r}")
         # Longest first (stable sort keeps insertion order among ties): "new york city" beats "york".
         self._keys = sorted(((k.lower(), text) for k, text in mapping.items()), key=lambda kv: -len(kv[0]))
         self.default = default

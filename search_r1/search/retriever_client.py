@@ -53,7 +53,8 @@ def parse_hit(hit) -> dict:
     """
     if not isinstance(hit, dict):
         raise ValueError(f"expected a document object, got {type(hit).__name__}: {str(hit)[:120]}")
-    doc, score = (hit["document"], hit.get("score")) if isinstance(hit.get("document"), dict) else (hit, hit.get("score"))
+    doc = hit["document"] if isinstance(hit.get("document"), dict) else hit
+    score = hit.get("score")
     if "contents" in doc:
         contents = doc["contents"]
     elif "text" in doc:
@@ -146,7 +147,8 @@ class RetrieverClient(SearchEngine):
         for name, value, positive in (("timeout", timeout, True), ("backoff", backoff, False),
                                       ("health_cooldown", health_cooldown, False)):
             if not isinstance(value, (int, float)) or value < 0 or (positive and value == 0):
-                raise ValueError(f"RetrieverClient {name} must be a number {'> 0' if positive else '>= 0'}, got {value!r}")
+                raise ValueError(f"RetrieverClient {name} must be a number {'> 0' if positive else '>= 0'}, "
+                                 f"got {value!r}")
         self.endpoints = [_Endpoint(normalize_url(u)) for u in dict.fromkeys(url_list)]
         self.topk, self.timeout, self.retries, self.backoff = topk, float(timeout), retries, float(backoff)
         self.max_batch_size, self.health_cooldown = max_batch_size, float(health_cooldown)
@@ -272,8 +274,8 @@ class RetrieverClient(SearchEngine):
         try:
             result = resp.json()["result"]
             if not isinstance(result, list) or len(result) != len(queries):
-                raise ValueError(f"'result' has {len(result) if isinstance(result, list) else type(result).__name__} "
-                                 f"entries for {len(queries)} queries")
+                got = len(result) if isinstance(result, list) else type(result).__name__
+                raise ValueError(f"'result' has {got} entries for {len(queries)} queries")
             return [[parse_hit(h) for h in hits] for hits in result]
         except (ValueError, KeyError, TypeError) as exc:
             raise _RetryableError(f"malformed response body ({exc}): {resp.text[:200]!r}") from exc
