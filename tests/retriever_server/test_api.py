@@ -151,3 +151,16 @@ def test_binds_loopback_by_default(retriever_server):
     conns = psutil.Process(retriever_server.proc.pid).net_connections(kind="tcp")
     listening = [c.laddr for c in conns if c.status == psutil.CONN_LISTEN]
     assert listening and all(addr.ip == "127.0.0.1" for addr in listening)
+
+
+def test_several_processes_share_the_port(retriever_server, start_retriever):
+    server = start_retriever([retriever_server.index_dir], processes=2)
+    parent = psutil.Process(server.proc.pid)
+    assert len([p for p in parent.children(recursive=True) if "python" in p.name().lower()]) >= 2
+    assert _hammer(server, _questions(retriever_server), threads=6, requests_per_thread=10) == [(200, True)] * 60
+    pids = {requests.Session().get(server.base_url + "/health", timeout=10).json()["pid"] for _ in range(30)}
+    assert pids <= {p.pid for p in parent.children(recursive=True)}
+    children = parent.children(recursive=True)
+    server.stop()
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, "worker processes outlived the server"
