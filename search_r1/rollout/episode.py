@@ -66,6 +66,8 @@ class Episode:
 
     def __post_init__(self):
         self.prompt_ids = list(self.prompt_ids)
+        # The response may grow to the smaller of its own limit and what the context leaves.
+        self._cap = min(self.limits.max_response_length, self.limits.max_prompt_length - len(self.prompt_ids))
         if self.generation_budget() == 0:
             # The prompt alone fills the context: nothing can be generated.
             self.finished = self.truncated = True
@@ -85,9 +87,7 @@ class Episode:
 
     def _room(self) -> int:
         """Tokens that may still be appended without breaking either length limit."""
-        resp_room = self.limits.max_response_length - len(self.response_ids)
-        ctx_room = self.limits.max_prompt_length - len(self.prompt_ids) - len(self.response_ids)
-        return min(resp_room, ctx_room)
+        return self._cap - len(self.response_ids)
 
     def generation_budget(self) -> int:
         """max_tokens for the next turn (0 when nothing fits)."""
