@@ -2,15 +2,22 @@
 
     python bench/retriever_load.py                       # full run: BM25 100k + 1M, dense fp32 + int8 at 100k
     python bench/retriever_load.py --sizes 100k --kinds bm25 --duration 10
+    python bench/retriever_load.py --dense-sizes 10k --faiss-probe-size 100k --server-threads 1   # busy machine
 
-For each configuration it starts `python -m retriever_server serve` on a free loopback port, drives it
-for `--duration` seconds with C threads (persistent HTTP/1.1 connections, request bodies prepared in
-advance, responses parsed only after the timed window, so the load generator costs little of the 2
-cores it shares with the server), and reports queries/s, per-request p50/p95/p99 latency, errors,
-recall@3 against the gold passages of single-hop questions and the server's RSS. For the dense index it
-also measures the raw query encoder (same model code as the server, no HTTP) at the batch size and
-thread count the server uses; that is the ceiling the server's throughput is compared with. The
-opt-in int8 encoder (`serve --quantize int8`) is compared with fp32 in throughput and recall@3.
+For each configuration it starts `python -m retriever_server serve` on a free loopback port and drives
+it with C threads (persistent HTTP/1.1 connections, request bodies prepared in advance, responses
+parsed only after each timed window, so the load generator costs little of the cores it shares with
+the server). It reports queries/s, per-request p50/p95/p99 latency, errors, recall@3 against the gold
+passages of single-hop questions, the server's CPU use and RSS. The ceiling beside each served figure
+is the server's own search code run in this process without HTTP: for dense, the query encoder alone
+(same model, quantization, batch size and thread count as the server: the target's ceiling); for
+BM25, BM25Searcher.search. The opt-in int8 encoder (`serve --quantize int8`) is compared with fp32 in
+throughput and recall@3.
+
+On a machine shared with other work the available CPU changes from second to second, so each
+server's load is measured in --rounds segments interleaved with its ceiling slices (and the fp32 and
+int8 servers run side by side, idle when not loaded): every number sees the same contention. The
+table also gives queries per server CPU-second, which other processes' load does not change.
 
 Data: synthetic worlds from `python -m search_r1.data.synth`, one per size, and their indexes are built
 once under `--cache-dir` (default `$SEARCH_R1_HOME/bench/retriever`) and reused by later runs.
@@ -135,7 +142,8 @@ class Server:
 
     def __init__(self, index_dirs: list[Path], extra: list[str], log_path: Path, startup_timeout: float):
         self.port = free_port()
-        cmd = [sys.executable, "-m", "retriever_server", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "retriever_server", "serve", "--host", "127.0.0.1",
+               "--port", str(self.port)]
         for d in index_dirs:
             cmd += ["--index", str(d)]
         cmd += extra
@@ -194,15 +202,45 @@ class Server:
 
 @dataclass
 class LoadResult:
-    queries_per_s: float
-    p50_ms: float
-    p95_ms: float
-    p99_ms: float
-    requests: int
-    errors: int
-    recall3: float
+    """Load measured against one server, summed over the interleaved segments of a run."""
+
+    queries: int = 0          # answered queries inside the timed windows
+    elapsed: float = 0.0      # seconds of timed windows
+    requests: int = 0
+    errors: int = 0
+    hits: int = 0             # questions with a gold passage in the top 3
+    judged: int = 0
+    warm_queries: int = 0     # answered during warm-ups (for CPU efficiency)
+    server_cpu_s: float = 0.0  # server CPU seconds over whole segments (warm-up included)
+    loadgen_cpu_s: float = 0.0
+    wall_s: float = 0.0
     first_error: str = ""
-    latencies: list = field(default_factory=list, repr=False)
+    latencies: list = field(default_factory=list, repr=False)  # seconds per successful request
+
+    def add(self, other: "LoadResult") -> None:
+        for name in ("queries", "elapsed", "requests", "errors", "hits", "judged", "warm_queries",
+                     "server_cpu_s", "loadgen_cpu_s", "wall_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.latencies += other.latencies
+        self.first_error = self.first_error or other.first_error
+
+    @property
+    def queries_per_s(self) -> float:
+        return self.queries / max(self.elapsed, 1e-9)
+
+    def latency_ms(self, q: float) -> float:
+        return _percentile(sorted(self.latencies), q) * 1e3
+
+    @property
+    def recall3(self) -> float:
+        return self.hits / max(1, self.judged)
+
+    @property
+    def cpu(self) -> dict:
+        """% of one core used by server and load generator, and queries per server CPU-second."""
+        wall = max(self.wall_s, 1e-9)
+        return {"server": 100 * self.server_cpu_s / wall, "loadgen": 100 * self.loadgen_cpu_s / wall,
+                "server_q_per_cpu_s": (self.queries + self.warm_queries) / max(self.server_cpu_s, 1e-9)}
 
 
 def _percentile(sorted_vals: list[float], q: float) -> float:
@@ -213,11 +251,11 @@ def _percentile(sorted_vals: list[float], q: float) -> float:
 
 
 def run_load(port: int, questions: list[Question], batch: int, clients: int, duration: float,
-             warmup: float, topk: int = 3, api_key: str | None = None) -> LoadResult:
+             warmup: float, offset: int = 0, topk: int = 3, api_key: str | None = None) -> LoadResult:
     """C threads, each a keep-alive connection sending batches of B questions for `duration` s.
 
-    Thread t sends the batches t, t+C, t+2C, ... of the question pool (cycling), so all clients ask
-    different questions. Only latencies and raw bodies are recorded in the timed window.
+    Thread t sends the batches offset+t, offset+t+C, ... of the question pool (cycling), so all clients
+    ask different questions. Only latencies and raw bodies are recorded in the timed window.
     """
     n_batches = max(1, len(questions) // batch)
     bodies = [json.dumps({"queries": [q.text for q in questions[i * batch:(i + 1) * batch]],
@@ -227,13 +265,14 @@ def run_load(port: int, questions: list[Question], batch: int, clients: int, dur
         headers["Authorization"] = f"Bearer {api_key}"
     start_evt = threading.Event()
     t_start = t_measure = t_stop = 0.0
-    records: list[list] = [[] for _ in range(clients)]  # (batch index, latency s, status, body)
+    records: list[list] = [[] for _ in range(clients)]  # (batch index, latency s, status, body, end)
+    warm = [0] * clients  # queries answered during the warm-up
     errors: list[str] = []
 
     def worker(tid: int) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         rec = records[tid]
-        i = tid
+        i = offset + tid
         start_evt.wait()
         while True:
             t0 = time.perf_counter()
@@ -253,6 +292,8 @@ def run_load(port: int, questions: list[Question], batch: int, clients: int, dur
             t1 = time.perf_counter()
             if t0 >= t_measure:
                 rec.append((b, t1 - t0, status, data, t1))
+            elif status == 200:
+                warm[tid] += batch
             i += clients
         conn.close()
 
@@ -293,58 +334,89 @@ def run_load(port: int, questions: list[Question], batch: int, clients: int, dur
             ids = {str((h.get("document") or h).get("id")) for h in hits[:3]}
             hit += bool(ids & q.gold)
             total += 1
-    ok_lat.sort()
-    return LoadResult(queries_per_s=n_queries / elapsed, p50_ms=_percentile(ok_lat, 50) * 1e3,
-                      p95_ms=_percentile(ok_lat, 95) * 1e3, p99_ms=_percentile(ok_lat, 99) * 1e3,
-                      requests=len(flat), errors=n_err + len(errors), recall3=hit / max(1, total),
-                      first_error=first_error)
+    return LoadResult(queries=n_queries, elapsed=elapsed, requests=len(flat), errors=n_err + len(errors),
+                      hits=hit, judged=total, warm_queries=sum(warm), first_error=first_error,
+                      latencies=ok_lat)
 
 
-# --- raw encoder ceiling --------------------------------------------------------------------------
+# --- ceilings: the server's own search code in this process, no HTTP -------------------------------
+
+class Ceiling:
+    """Throughput of `step(batch_texts)` measured in slices that interleave with the served load, so
+    that both see the same contention from other processes on a shared machine."""
+
+    def __init__(self, step, questions: list[Question], batch_size: int):
+        self.step, self.batch_size = step, batch_size
+        self.texts = [q.text for q in questions]
+        self.done, self.wall, self.cpu, self._i = 0, 0.0, 0.0, 0
+        self.last = step(self.texts[:batch_size])  # warm-up: first call allocates and picks kernels
+
+    def measure(self, seconds: float) -> None:
+        t0, c0 = time.perf_counter(), time.process_time()
+        while time.perf_counter() - t0 < seconds:
+            chunk = [self.texts[(self._i + j) % len(self.texts)] for j in range(self.batch_size)]
+            self.last = self.step(chunk)
+            self.done += len(chunk)
+            self._i += self.batch_size
+        self.wall += time.perf_counter() - t0
+        self.cpu += time.process_time() - c0
+
+    @property
+    def qps(self) -> float:
+        return self.done / max(self.wall, 1e-9)
+
+    @property
+    def q_per_cpu_s(self) -> float:
+        return self.done / max(self.cpu, 1e-9)
+
 
 def encoder_ceiling(index_dir: Path, questions: list[Question], batch_size: int, threads: int,
-                    quantize: str, duration: float, faiss_probe: int = 0) -> tuple[float, dict]:
-    """Queries/s of the server's own QueryEncoder, no HTTP, no faiss: encode the bench questions in
-    batches of `batch_size` with `threads` torch threads, for about `duration` seconds.
-
-    Also returns the faiss side per batch: the real index's search time and, when `faiss_probe` > 0,
-    the time of an exact (Flat) search over that many random unit vectors, an estimate of what a
-    corpus of that size adds per batch when no index of that size was built.
-    """
+                    quantize: str) -> tuple[Ceiling, object]:
+    """The server's QueryEncoder (same model, max length, quantization, threads) encoding batches of
+    `batch_size` bench questions: no HTTP, no faiss. Returns the ceiling and the encoder."""
     import faiss
-    import numpy as np
     import torch
 
-    from retriever_server.dense_index import FAISS_FILE, QueryEncoder, resolve_model
+    from retriever_server.dense_index import QueryEncoder, resolve_model
 
     params = json.loads((index_dir / "manifest.json").read_text()).get("params", {})
     torch.set_num_threads(threads)
     faiss.omp_set_num_threads(threads)
     enc = QueryEncoder(resolve_model(params.get("model_path")), quantize=quantize,
                        max_seq_length=params.get("max_seq_length"))
-    texts = [q.text for q in questions]
-    enc.encode(texts[:batch_size], batch_size)  # warm-up: first call allocates and picks kernels
-    done, i, t0, last = 0, 0, time.perf_counter(), None
-    while time.perf_counter() - t0 < duration:
-        chunk = [texts[(i + j) % len(texts)] for j in range(batch_size)]
-        last = enc.encode(chunk, batch_size)
-        done += len(chunk)
-        i += batch_size
-    qps = done / (time.perf_counter() - t0)
-    extra = {"encode_ms_per_batch": 1e3 * batch_size / qps}
+    return Ceiling(lambda texts: enc.encode(texts, batch_size), questions, batch_size), enc
+
+
+def bm25_ceiling(index_dir: Path, questions: list[Question], batch_size: int) -> Ceiling:
+    """The server's BM25Searcher.search on batches of `batch_size` bench questions, one thread."""
+    from retriever_server.bm25_index import BM25Searcher
+
+    params = json.loads((index_dir / "manifest.json").read_text()).get("params", {})
+    searcher = BM25Searcher(index_dir, params)
+    return Ceiling(lambda texts: searcher.search(texts, 3), questions, batch_size)
+
+
+def faiss_costs(index_dir: Path, queries_emb, probe_size: int = 0) -> dict:
+    """ms per batch of the real index's search, and of an exact (Flat) search over `probe_size`
+    random unit vectors: what a corpus of that size would add when no such index was built."""
+    import faiss
+    import numpy as np
+
+    from retriever_server.dense_index import FAISS_FILE
+
     index = faiss.read_index(str(index_dir / FAISS_FILE))
-    extra["faiss_ms_per_batch"] = _time_ms(lambda: index.search(last, 3))
-    if faiss_probe:
+    out = {"faiss_ms_per_batch": _time_ms(lambda: index.search(queries_emb, 3))}
+    if probe_size:
         rng = np.random.default_rng(0)
-        probe = faiss.IndexFlatIP(last.shape[1])
-        for start in range(0, faiss_probe, 100_000):  # add in slices: bounded temporary memory
-            x = rng.standard_normal((min(100_000, faiss_probe - start), last.shape[1]), dtype=np.float32)
+        probe = faiss.IndexFlatIP(queries_emb.shape[1])
+        for start in range(0, probe_size, 100_000):  # add in slices: bounded temporary memory
+            x = rng.standard_normal((min(100_000, probe_size - start), queries_emb.shape[1]), dtype=np.float32)
             probe.add(x / np.linalg.norm(x, axis=1, keepdims=True))
-        extra["probe_faiss_ms_per_batch"] = _time_ms(lambda: probe.search(last, 3))
-    return qps, extra
+        out["probe_faiss_ms_per_batch"] = _time_ms(lambda: probe.search(queries_emb, 3))
+    return out
 
 
-def _time_ms(fn, repeat: int = 5) -> float:
+def _time_ms(fn, repeat: int = 3) -> float:
     fn()
     t0 = time.perf_counter()
     for _ in range(repeat):
@@ -361,30 +433,35 @@ class Row:
     encoder: str
     load: LoadResult
     rss_mb: float
-    ceiling: float | None = None
+    ceiling: Ceiling | None = None
     target: str = ""
     met: bool | None = None
     batching: dict = field(default_factory=dict)  # the server's /health batching stats after the run
-    cpu: dict = field(default_factory=dict)       # % of one core used by "server" and "loadgen"
 
 
 def render_table(rows: list[Row], args, notes: list[str]) -> str:
     head = ("| index | passages | encoder | q/s | p50 ms | p95 ms | p99 ms | requests | errors | recall@3 "
-            "| server batch (mean) | CPU % server / load gen | server RSS MB | ceiling q/s | % of ceiling | target | met |")
+            "| server batch (mean) | CPU % server / load gen | q per server CPU-s | server RSS MB | ceiling q/s "
+            "| % of ceiling: wall / CPU | target | met |")
     lines = [f"Retriever load, B={args.batch_size} queries/request, C={args.concurrency} clients, "
-             f"{args.duration:g} s per configuration after {args.warmup:g} s warm-up, "
+             f"{args.duration:g} s of measured load per server in {args.rounds} segments (each after "
+             f"{args.warmup:g} s of warm-up), server threads {args.server_threads}, "
              f"{os.cpu_count()} CPU cores shared by server and load generator (1-min load average "
              f"{args.load_before:.1f} before the run, {os.getloadavg()[0]:.1f} after: other work on the machine "
              "competes for the same cores).", "",
              head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        ld = r.load
-        ceil = f"{r.ceiling:,.0f}" if r.ceiling else ""
-        pct = f"{100 * ld.queries_per_s / r.ceiling:.0f}%" if r.ceiling else ""
+        ld, cpu = r.load, r.load.cpu
+        ceil = pct = ""
+        if r.ceiling:
+            ceil = f"{r.ceiling.qps:,.0f}"
+            pct = (f"{100 * ld.queries_per_s / r.ceiling.qps:.0f}% / "
+                   f"{100 * cpu['server_q_per_cpu_s'] / r.ceiling.q_per_cpu_s:.0f}%")
         met = "" if r.met is None else ("yes" if r.met else "**no**")
-        lines.append(f"| {r.index} | {r.passages:,} | {r.encoder} | {ld.queries_per_s:,.0f} | {ld.p50_ms:.1f} "
-                     f"| {ld.p95_ms:.1f} | {ld.p99_ms:.1f} | {ld.requests:,} | {ld.errors} | {ld.recall3:.3f} "
-                     f"| {r.batching.get('mean_batch_queries', '')} | {r.cpu.get('server', 0):.0f} / {r.cpu.get('loadgen', 0):.0f} "
+        lines.append(f"| {r.index} | {r.passages:,} | {r.encoder} | {ld.queries_per_s:,.0f} | {ld.latency_ms(50):.1f} "
+                     f"| {ld.latency_ms(95):.1f} | {ld.latency_ms(99):.1f} | {ld.requests:,} | {ld.errors} "
+                     f"| {ld.recall3:.3f} | {r.batching.get('mean_batch_queries', '')} "
+                     f"| {cpu['server']:.0f} / {cpu['loadgen']:.0f} | {cpu['server_q_per_cpu_s']:,.0f} "
                      f"| {r.rss_mb:,.0f} | {ceil} | {pct} | {r.target} | {met} |")
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
@@ -407,11 +484,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="explicit comma-separated sizes for the dense runs, replacing --sizes/--dense-max-size "
                         "for dense (e.g. 10k when a 100k dense build is too slow on a busy machine)")
     p.add_argument("--batch-size", "-B", type=int, default=16, help="queries per request (B)")
-    p.add_argument("--concurrency", "-C", type=int, default=8, help="concurrent clients, one connection each (C)")
-    p.add_argument("--duration", type=float, default=20.0, help="measured seconds per configuration")
-    p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds of load before measuring")
+    p.add_argument("--concurrency", "-C", type=int, default=8,
+                   help="concurrent clients, one connection each (C)")
+    p.add_argument("--duration", type=float, default=20.0,
+                   help="measured seconds of load per server, split over --rounds")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="load segments per server, interleaved with the ceiling measurements (and fp32 with "
+                        "int8) so that all of them see the same contention from other work on the machine")
+    p.add_argument("--warmup", type=float, default=2.0,
+                   help="unmeasured seconds of load before each measured segment")
     p.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True,
-                   help="also run the dense index with the int8-quantized query encoder (`serve --quantize int8`)")
+                   help="also run the dense index with the int8-quantized query encoder "
+                        "(`serve --quantize int8`)")
     p.add_argument("--ceiling", action=argparse.BooleanOptionalAction, default=True,
                    help="measure the raw throughput without the server: the query encoder for dense runs, "
                         "BM25Searcher.search (one thread, the server's mean batch size) for BM25 runs")
@@ -423,8 +507,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--faiss-probe-size", default="",
                    help="also time an exact faiss search over this many random vectors (a size from the "
                         "--sizes list, e.g. 100k) to estimate a bigger dense corpus without building it")
-    p.add_argument("--encoder-threads", type=int, default=os.cpu_count(),
-                   help="torch threads of the raw encoder measurement; the server's torch thread count")
+    p.add_argument("--server-threads", type=int, default=os.cpu_count(),
+                   help="the server's --torch-threads and --faiss-threads, and the thread count of the raw "
+                        "encoder measurement (on a machine busy with other work, 1 avoids OpenMP "
+                        "oversubscription)")
     p.add_argument("--questions", type=int, default=20_000, help="most single-hop questions in the query pool")
     p.add_argument("--serve-args", default="",
                    help="extra arguments for every `retriever_server serve` (e.g. \"--batch-window-ms 5\")")
@@ -442,16 +528,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         if k not in (*KINDS, "all"):
             p.error(f"--rebuild {k!r} unknown; allowed values are {[*KINDS, 'all']}")
     if args.dense_sizes is None:
-        args.dense_sizes = [x for x in args.sizes if x in SIZES and SIZES[x] <= SIZES.get(args.dense_max_size, 0)]
+        cap = SIZES.get(args.dense_max_size, 0)
+        args.dense_sizes = [x for x in args.sizes if x in SIZES and SIZES[x] <= cap]
     else:
         args.dense_sizes = [x.strip().lower() for x in args.dense_sizes.split(",") if x.strip()]
-    for s in args.sizes + args.dense_sizes + [args.dense_max_size] + ([args.faiss_probe_size] if args.faiss_probe_size else []):
+    probe = [args.faiss_probe_size] if args.faiss_probe_size else []
+    for s in [*args.sizes, *args.dense_sizes, args.dense_max_size, *probe]:
         if s not in SIZES:
             p.error(f"size {s!r} unknown; allowed sizes are {sorted(SIZES)}")
     for k in args.kinds:
         if k not in KINDS:
             p.error(f"--kinds {k!r} unknown; allowed kinds are {list(KINDS)}")
-    for name in ("batch_size", "concurrency", "encoder_batch", "encoder_threads", "questions"):
+    for name in ("batch_size", "concurrency", "encoder_batch", "server_threads", "questions", "rounds"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.duration <= 0 or args.warmup < 0:
@@ -459,45 +547,127 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def bench_server(args, label: str, index_dir: Path, passages: int, questions: list[Question],
-                 encoder: str, extra: list[str]) -> Row:
-    import psutil
+class ServedIndex:
+    """One running server and the load measured against it, segment by segment."""
 
-    server = Server([index_dir], extra + args.serve_args.split(), args.cache_dir / f"server_{label}.log",
-                    args.startup_timeout)
+    def __init__(self, args, label: str, index_dir: Path, extra: list[str]):
+        threads = ["--torch-threads", str(args.server_threads), "--faiss-threads", str(args.server_threads)]
+        self.args, self.label = args, label
+        self.server = Server([index_dir], threads + extra + args.serve_args.split(),
+                             args.cache_dir / f"server_{label}.log", args.startup_timeout)
+        self.load = LoadResult()
+        self.rss_mb, self.batching = 0.0, {}
+
+    def segment(self, questions: list[Question], seconds: float, offset: int) -> None:
+        """C clients for warm-up + `seconds`, accounting server and load-generator CPU time."""
+        import psutil
+
+        a = self.args
+        proc = psutil.Process(self.server.proc.pid)
+        cpu0, srv0, t0 = time.process_time(), sum(proc.cpu_times()[:2]), time.perf_counter()
+        seg = run_load(self.server.port, questions, a.batch_size, a.concurrency, seconds, a.warmup, offset)
+        seg.wall_s = time.perf_counter() - t0
+        seg.server_cpu_s = sum(proc.cpu_times()[:2]) - srv0
+        seg.loadgen_cpu_s = time.process_time() - cpu0
+        self.load.add(seg)
+
+    def finish(self) -> None:
+        try:
+            self.rss_mb = self.server.rss_mb()
+            self.batching = self.server.health().get("batching", {})
+        finally:
+            self.server.stop()
+        ld, cpu = self.load, self.load.cpu
+        print(f"[bench] {self.label}: {ld.queries_per_s:,.0f} q/s, p50 {ld.latency_ms(50):.1f} ms, "
+              f"p99 {ld.latency_ms(99):.1f} ms, errors {ld.errors}, recall@3 {ld.recall3:.3f}, CPU server "
+              f"{cpu['server']:.0f}% load generator {cpu['loadgen']:.0f}%, mean server batch "
+              f"{self.batching.get('mean_batch_queries')}"
+              + (f" (first error: {ld.first_error})" if ld.first_error else ""), file=sys.stderr, flush=True)
+
+    def row(self, index: str, passages: int, encoder: str) -> Row:
+        return Row(index, passages, encoder, self.load, self.rss_mb, batching=self.batching)
+
+
+def run_bm25(args, size: str, index_dir: Path, passages: int, questions: list[Question]) -> Row:
+    """Load segments on the server, alternating with slices of the in-process BM25 ceiling."""
+    served = ServedIndex(args, f"bm25_{size}", index_dir, [])
+    ceiling = None
+    seg = args.duration / args.rounds
     try:
-        srv_proc = psutil.Process(server.proc.pid)
-        cpu0, srv0, t0 = time.process_time(), sum(srv_proc.cpu_times()[:2]), time.perf_counter()
-        load = run_load(server.port, questions, args.batch_size, args.concurrency, args.duration, args.warmup)
-        wall = time.perf_counter() - t0
-        # CPU share of one core over the whole run (warm-up included): where the 2 cores went.
-        cpu = {"loadgen": 100 * (time.process_time() - cpu0) / wall,
-               "server": 100 * (sum(srv_proc.cpu_times()[:2]) - srv0) / wall}
-        rss = server.rss_mb()
-        batching = server.health().get("batching", {})
+        for rnd in range(args.rounds):
+            served.segment(questions, seg, offset=rnd * 7919)
+            if args.ceiling:
+                if ceiling is None:  # batch like the server's: its mean coalesced batch so far
+                    mean = served.server.health()["batching"].get("mean_batch_queries") or args.batch_size
+                    ceiling = bm25_ceiling(index_dir, questions, max(1, round(mean)))
+                ceiling.measure(seg / 2)
     finally:
-        server.stop()
-    print(f"[bench] {label}: {load.queries_per_s:,.0f} q/s, p50 {load.p50_ms:.1f} ms, p99 {load.p99_ms:.1f} ms, "
-          f"errors {load.errors}, recall@3 {load.recall3:.3f}, CPU server {cpu['server']:.0f}% "
-          f"load generator {cpu['loadgen']:.0f}%, mean server batch {batching.get('mean_batch_queries')}"
-          + (f" (first error: {load.first_error})" if load.first_error else ""), file=sys.stderr, flush=True)
-    return Row(label.split("_")[0], passages, encoder, load, rss, batching=batching, cpu=cpu)
+        served.finish()
+    row = served.row("bm25", passages, "")
+    row.ceiling = ceiling
+    need = 1500 if SIZES[size] <= 100_000 else 300
+    row.target = f">= {need:,} q/s, 0 errors"
+    row.met = row.load.queries_per_s >= need and not row.load.errors
+    return row
 
 
-def bm25_ceiling(index_dir: Path, questions: list[Question], batch_size: int, duration: float) -> float:
-    """Queries/s of the server's BM25Searcher.search in this process (no HTTP), batches of `batch_size`."""
-    from retriever_server.bm25_index import BM25Searcher
-
-    params = json.loads((index_dir / "manifest.json").read_text()).get("params", {})
-    searcher = BM25Searcher(index_dir, params)
-    texts = [q.text for q in questions]
-    searcher.search(texts[:batch_size], 3)
-    done, i, t0 = 0, 0, time.perf_counter()
-    while time.perf_counter() - t0 < duration:
-        searcher.search([texts[(i + j) % len(texts)] for j in range(batch_size)], 3)
-        done += batch_size
-        i += batch_size
-    return done / (time.perf_counter() - t0)
+def run_dense(args, size: str, index_dir: Path, passages: int, questions: list[Question],
+              notes: list[str]) -> list[Row]:
+    """fp32 and (opt-in) int8 servers running side by side, idle when not loaded; each round loads
+    one, measures its encoder ceiling, then the other, so all four numbers share the same contention."""
+    # The batch the server encodes when every client is waiting: all B*C queries, capped at max_batch.
+    variants = [("fp32", "none", [])] + ([("int8", "int8", ["--quantize", "int8"])] if args.int8 else [])
+    served, ceilings, encoders = {}, {}, {}
+    seg = args.duration / args.rounds
+    try:
+        for name, _, extra in variants:
+            served[name] = ServedIndex(args, f"dense_{size}_{name}", index_dir, extra)
+        max_batch = served["fp32"].server.health()["batching"].get("max_batch", 256)
+        enc_batch = args.encoder_batch or min(args.batch_size * args.concurrency, max_batch)
+        if args.ceiling:
+            for name, quantize, _ in variants:
+                ceilings[name], encoders[name] = encoder_ceiling(index_dir, questions, enc_batch,
+                                                                 args.server_threads, quantize)
+        for rnd in range(args.rounds):
+            for name, _, _ in variants:
+                served[name].segment(questions, seg, offset=rnd * 7919)
+                if args.ceiling:
+                    ceilings[name].measure(seg / 2)
+    finally:
+        for s in served.values():
+            s.finish()
+    rows = []
+    for name, _, _ in variants:
+        row = served[name].row("dense", passages, f"MiniLM {name}")
+        row.ceiling = ceilings.get(name)
+        rows.append(row)
+    fp32 = rows[0]
+    if args.ceiling:
+        fp32.target = ">= 80% of ceiling, 0 errors"
+        fp32.met = fp32.load.queries_per_s >= 0.8 * fp32.ceiling.qps and not fp32.load.errors
+        probe = SIZES[args.faiss_probe_size] if args.faiss_probe_size else 0
+        cost = faiss_costs(index_dir, ceilings["fp32"].last, probe)
+        note = (f"dense {size} fp32 without the server, per batch of {enc_batch} queries: encode "
+                f"{1e3 * enc_batch / ceilings['fp32'].qps:.0f} ms, faiss Flat search over {passages:,} "
+                f"passages {cost['faiss_ms_per_batch']:.1f} ms")
+        if probe:
+            note += (f"; Flat search over {probe:,} random vectors (what a {args.faiss_probe_size} corpus "
+                     f"would cost) {cost['probe_faiss_ms_per_batch']:.1f} ms")
+        notes.append(note + f" (encoder ceiling: the server's QueryEncoder, {args.server_threads} torch "
+                            "thread(s), same questions, no HTTP, no faiss)")
+    if args.int8:
+        q8 = rows[1]
+        speedup = q8.load.queries_per_s / max(fp32.load.queries_per_s, 1e-9)
+        drecall = 100 * (q8.load.recall3 - fp32.load.recall3)
+        q8.target = ">= 1.8x fp32 q/s, recall@3 within 1 pt"
+        q8.met = speedup >= 1.8 and abs(drecall) <= 1.0 and not q8.load.errors
+        note = (f"dense {size}: int8 / fp32 served throughput {speedup:.2f}x (per server CPU-s "
+                f"{q8.load.cpu['server_q_per_cpu_s'] / max(fp32.load.cpu['server_q_per_cpu_s'], 1e-9):.2f}x), "
+                f"recall@3 difference {drecall:+.1f} points")
+        if args.ceiling:
+            note += f"; raw encoder int8 / fp32 {ceilings['int8'].qps / ceilings['fp32'].qps:.2f}x"
+        notes.append(note)
+    return rows
 
 
 def main(argv=None) -> int:
@@ -509,7 +679,6 @@ def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     rows: list[Row] = []
     notes: list[str] = []
-    enc_batch = None
     t_all = time.time()
     for size in sorted(set(args.sizes) | set(args.dense_sizes), key=SIZES.get):
         kinds = [k for k in args.kinds if size in (args.sizes if k == "bm25" else args.dense_sizes)]
@@ -522,53 +691,23 @@ def main(argv=None) -> int:
             index_dir = prepare_index(args.cache_dir, world, size, kind, [],
                                       rebuild=kind in args.rebuild or "all" in args.rebuild)
             if kind == "bm25":
-                row = bench_server(args, f"bm25_{size}", index_dir, passages, questions, "", [])
-                if args.ceiling:
-                    mean_batch = max(1, round(row.batching.get("mean_batch_queries") or args.batch_size))
-                    row.ceiling = bm25_ceiling(index_dir, questions, mean_batch, min(args.duration, 10))
-                need = 1500 if SIZES[size] <= 100_000 else 300
-                row.target, row.met = f">= {need:,} q/s, 0 errors", row.load.queries_per_s >= need and not row.load.errors
-                rows.append(row)
-                continue
-            fp32 = bench_server(args, f"dense_{size}_fp32", index_dir, passages, questions, "MiniLM fp32", [])
-            rows.append(fp32)
-            enc_batch = args.encoder_batch or min(args.batch_size * args.concurrency,
-                                                  fp32.batching.get("max_batch", 256))
-            if args.ceiling:
-                probe = SIZES[args.faiss_probe_size] if args.faiss_probe_size else 0
-                fp32.ceiling, cost = encoder_ceiling(index_dir, questions, enc_batch, args.encoder_threads,
-                                                     "none", min(args.duration, 15), probe)
-                notes.append(f"dense {size} fp32, per batch of {enc_batch} queries without the server: "
-                             f"encode {cost['encode_ms_per_batch']:.0f} ms, faiss Flat search over "
-                             f"{passages:,} passages {cost['faiss_ms_per_batch']:.1f} ms"
-                             + (f"; Flat search over {probe:,} random vectors (the cost a {args.faiss_probe_size} "
-                                f"corpus would add) {cost['probe_faiss_ms_per_batch']:.1f} ms" if probe else ""))
-                fp32.target = ">= 80% of ceiling, 0 errors"
-                fp32.met = fp32.load.queries_per_s >= 0.8 * fp32.ceiling and not fp32.load.errors
-            if args.int8:
-                q8 = bench_server(args, f"dense_{size}_int8", index_dir, passages, questions, "MiniLM int8",
-                                  ["--quantize", "int8"])
-                rows.append(q8)
-                if args.ceiling:
-                    q8.ceiling, _ = encoder_ceiling(index_dir, questions, enc_batch, args.encoder_threads,
-                                                    "int8", min(args.duration, 15))
-                speedup = q8.load.queries_per_s / fp32.load.queries_per_s
-                drecall = 100 * (q8.load.recall3 - fp32.load.recall3)
-                q8.target = ">= 1.8x fp32 q/s, recall@3 within 1 pt"
-                q8.met = speedup >= 1.8 and abs(drecall) <= 1.0 and not q8.load.errors
-                notes.append(f"dense {size}: int8 / fp32 server throughput = {speedup:.2f}x, recall@3 "
-                             f"difference {drecall:+.1f} points"
-                             + (f"; raw encoder int8 / fp32 = {q8.ceiling / fp32.ceiling:.2f}x" if args.ceiling else ""))
+                rows.append(run_bm25(args, size, index_dir, passages, questions))
+            else:
+                rows.extend(run_dense(args, size, index_dir, passages, questions, notes))
     if args.ceiling and any(r.ceiling and r.index == "bm25" for r in rows):
         notes.append("BM25 ceiling: the server's BM25Searcher.search in the benchmark process, no HTTP, one "
                      "thread, batches of the server's mean batch size")
-    if args.ceiling and any(r.ceiling and r.index == "dense" for r in rows):
-        notes.append(f"encoder ceiling: the server's QueryEncoder without HTTP or faiss, batch {enc_batch}, "
-                     f"{args.encoder_threads} torch threads, same questions")
+    notes.append("CPU %: share of one core over the run (100% = one core busy); q per server CPU-s: answered "
+                 "queries per second of server CPU time, a throughput figure that does not depend on how much "
+                 "of the machine other processes took; % of ceiling: served q/s over ceiling q/s (wall clock, "
+                 "the target's measure) / served queries per server CPU-s over ceiling queries per CPU-s (the "
+                 "serving overhead with contention from other processes factored out)")
     notes.append("recall@3: share of single-hop (synth_nq) questions with a gold passage among the top 3 hits; "
                  "latency is per request of B queries")
-    notes.append(f"command: python bench/retriever_load.py {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip()
-                 + f" (total {time.time() - t_all:.0f} s)")
+    command = " ".join(["python bench/retriever_load.py", *(sys.argv[1:] if argv is None else argv)])
+    notes.append(f"command: {command} (total {time.time() - t_all:.0f} s)")
+    order = {k: i for i, k in enumerate(KINDS)}
+    rows.sort(key=lambda r: (order[r.index], r.passages))
     table = render_table(rows, args, notes)
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
