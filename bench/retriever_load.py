@@ -547,6 +547,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def _tree_cpu_s(proc) -> float:
+    """User + system CPU seconds of a process and its live children (`serve --processes N` workers)."""
+    import psutil
+
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += sum(p.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 class ServedIndex:
     """One running server and the load measured against it, segment by segment."""
 
@@ -564,10 +577,10 @@ class ServedIndex:
 
         a = self.args
         proc = psutil.Process(self.server.proc.pid)
-        cpu0, srv0, t0 = time.process_time(), sum(proc.cpu_times()[:2]), time.perf_counter()
+        cpu0, srv0, t0 = time.process_time(), _tree_cpu_s(proc), time.perf_counter()
         seg = run_load(self.server.port, questions, a.batch_size, a.concurrency, seconds, a.warmup, offset)
         seg.wall_s = time.perf_counter() - t0
-        seg.server_cpu_s = sum(proc.cpu_times()[:2]) - srv0
+        seg.server_cpu_s = _tree_cpu_s(proc) - srv0
         seg.loadgen_cpu_s = time.process_time() - cpu0
         self.load.add(seg)
 
