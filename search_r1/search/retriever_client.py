@@ -174,7 +174,8 @@ class RetrieverClient(SearchEngine):
         return [render_passages([d["contents"] for d in docs]) for docs in self.batch_retrieve(queries)]
 
     def batch_retrieve(self, queries: list[str]) -> list[list[dict]]:
-        """Raw hits `{"id", "contents", "score"}` per query; cached queries are not re-sent."""
+        """Raw hits `{"id", "contents", "score"}` per query; cached queries are not re-sent, blank
+        (empty or whitespace-only) queries get `[]` without a request."""
         if isinstance(queries, str) or not isinstance(queries, (list, tuple)):
             raise ValueError(f"queries must be a list of strings, got {type(queries).__name__}")
         for i, q in enumerate(queries):
@@ -183,13 +184,18 @@ class RetrieverClient(SearchEngine):
         results: dict[str, list[dict]] = {}
         missing: list[str] = []
         for q in dict.fromkeys(queries):  # de-duplicate, keep order
+            if not q.strip():
+                # The server rejects blank queries with a 422 for the whole request; one blank query
+                # must not fail the other trajectories of the turn, so it gets no documents.
+                results[q] = []
+                continue
             hit = self._cache.get((q, self.topk))
             if hit is None:
                 missing.append(q)
             else:
                 results[q] = hit
         with self._lock:
-            self.stats.cache_hits += len(results)
+            self.stats.cache_hits += sum(1 for q in results if q.strip())
         for start in range(0, len(missing), self.max_batch_size):
             chunk = missing[start:start + self.max_batch_size]
             for q, docs in zip(chunk, self._post_with_failover(chunk)):

@@ -133,9 +133,10 @@ def test_auth_on_and_off(start_retriever, retriever_server, monkeypatch):
 
 
 def test_4xx_is_not_retried_and_carries_server_message(retriever_server, dead_url):
-    client = RetrieverClient([retriever_server.url, dead_url], retries=3, backoff=1.0)
+    # topk above the server's --max-topk (100) is the caller's mistake: a 422, not worth retrying
+    client = RetrieverClient([retriever_server.url, dead_url], topk=1000, retries=3, backoff=1.0)
     t0 = time.monotonic()
-    with pytest.raises(SearchError, match=r"HTTP 422: queries\[0\]: empty query") as err:
-        client.batch_search([""])  # empty query strings are rejected by the server
+    with pytest.raises(SearchError, match=r"HTTP 422: topk: 1000 is out of bounds") as err:
+        client.batch_search(["river"])
     assert time.monotonic() - t0 < 1.0  # no backoff sleep happened
     assert client.stats.requests == 1 and retriever_server.url in str(err.value)

@@ -88,6 +88,15 @@ def test_large_calls_split_by_max_batch_size(tiny_retriever):
     assert client.batch_search([]) == [] and len(srv.requests) == 3
 
 
+def test_blank_queries_get_no_documents_without_failing_the_batch(tiny_retriever):
+    srv = tiny_retriever()
+    client = RetrieverClient(srv.url, topk=1)
+    out = client.batch_search(["", "x", "   "])
+    assert out == ["", "Doc 1(Title: T0 x) text 0 for x\n", ""]
+    assert srv.requests == [{"queries": ["x"], "topk": 1, "return_scores": True}]
+    assert client.batch_search(["  "]) == [""] and len(srv.requests) == 1
+
+
 def test_round_robin_across_healthy_urls(tiny_retriever):
     a, b = tiny_retriever(), tiny_retriever()
     client = RetrieverClient([a.base_url, b.url], cache_size=0)
