@@ -5,8 +5,8 @@
 #      the real retriever server, which the trainer starts on a free loopback port and stops after,
 #   3. print where the metrics, plot and checkpoint are, the reward curve and validation EM before/after.
 # Resources: 2 CPU cores, < 8 GB RAM, about 15-20 minutes. Extra arguments are Hydra overrides
-# (e.g. `bash scripts/demo.sh trainer.total_steps=5`). The run directory is outputs/demo; a second
-# run resumes from its last checkpoint unless you pass trainer.resume=none or delete the directory.
+# (e.g. `bash scripts/demo.sh trainer.total_steps=5`). The run directory is outputs/demo, replaced by
+# every demo run (use scripts/train_grpo.sh for runs that resume).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +26,11 @@ if [[ ! -f "$SYNTH_DIR/index_bm25/manifest.json" ]]; then
     --out "$SYNTH_DIR/index_bm25" --force
 fi
 
+if [[ -d outputs/demo ]]; then
+  echo "[demo] removing the previous demo run outputs/demo (a fresh run each time)"
+  rm -rf outputs/demo
+fi
 echo "[demo] GRPO on CPU: configs/grpo_cpu.yaml, output in outputs/demo"
 start=$SECONDS
-SEARCH_R1_FORCE_CPU=1 bash scripts/train_grpo.sh trainer.experiment_name=demo "$@"
+SEARCH_R1_FORCE_CPU=1 bash scripts/train_grpo.sh trainer.experiment_name=demo trainer.resume=none "$@"
 echo "[demo] finished in $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s"

@@ -152,7 +152,7 @@ def worker_spec(cfg: TrainConfig):
 
     a, o, t = cfg.algorithm, cfg.optim, cfg.trainer
     return WorkerSpec(
-        model_name=cfg.model.name, compute_dtype=cfg.model.compute_dtype, threads=t.threads_per_worker,
+        model_name=cfg.model.name, compute_dtype=cfg.model.compute_dtype, rollout_dtype=cfg.model.rollout_dtype, threads=t.threads_per_worker,
         seed=t.seed, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
         grad_clip=o.grad_clip, clip_ratio=a.clip_ratio, kl_coef=a.kl_coef, kl_type=a.kl_type,
         entropy_coef=a.entropy_coef, loss_agg=a.loss_agg, ppo_epochs=t.ppo_epochs,
@@ -173,6 +173,9 @@ def init_ray(num_cpus: int) -> bool:
 
     if ray.is_initialized():
         return False
+    # Ray runs workers at niceness 15 by default; on a shared CPU machine that starves the very
+    # processes that do the training, so they run at the driver's priority instead.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
                                        "TRANSFORMERS_OFFLINE": "1"}})
@@ -194,6 +197,12 @@ def run(cfg: TrainConfig, search_engine=None) -> dict:
     torch.set_num_threads(1)  # the driver only decodes, scores and pads; the workers compute
     out = Path(cfg.trainer.output_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
+    old_metrics = out / "metrics.jsonl"
+    if cfg.trainer.resume == "none" and old_metrics.is_file():
+        # a fresh run must not append to an earlier run's record (a resumed run does, on purpose)
+        kept = out / f"metrics.{int(old_metrics.stat().st_mtime)}.jsonl"
+        old_metrics.rename(kept)
+        print(f"[trainer] trainer.resume=none: moved the earlier {old_metrics.name} to {kept.name}", flush=True)
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     data = prepare_data(cfg)
 

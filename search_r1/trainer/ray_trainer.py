@@ -18,6 +18,7 @@ The worker group, search engine, data loaders and metrics logger are built by
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections import defaultdict
@@ -94,6 +95,8 @@ class RayGRPOTrainer:
             topk=config.retriever.topk, protocol=config.data.protocol, temperature=r.temperature,
             top_p=r.top_p, max_tokens_per_turn=r.max_tokens_per_turn, seed=None)
         self.n_mini_batches = config.trainer.batch_size // config.trainer.mini_batch_size
+        self.old_is_current = (config.algorithm.old_log_prob == "auto" and self.n_mini_batches == 1
+                               and config.trainer.ppo_epochs == 1)
         self.global_step = 0
         self.history: list[dict] = []  # every logged metrics dict, for the caller's summary
 
@@ -135,7 +138,8 @@ class RayGRPOTrainer:
             rollout = self.generate_trajectory(batch, step, timing)
             metrics = self.grpo_step(rollout, timing)
         metrics.update({f"timing/{k}": v for k, v in timing.items()})
-        model_s = timing.get("gen_model", 0) + timing["old_log_prob"] + timing.get("ref", 0) + timing["update_actor"]
+        model_s = (timing.get("gen_model", 0) + timing.get("old_log_prob", 0) + timing.get("ref", 0)
+                   + timing["update_actor"])
         metrics["perf/non_model_share"] = max(0.0, 1.0 - model_s / timing["step"])
         metrics["train/step"] = step
         metrics["train/epoch"] = self.train_loader.epoch
@@ -158,8 +162,11 @@ class RayGRPOTrainer:
     def grpo_step(self, batch: DataProto, timing: dict) -> dict:
         """old/ref log-probs -> rewards -> GRPO advantages -> policy update; returns metrics."""
         alg = self.cfg.algorithm
-        with timed(timing, "old_log_prob"):
-            batch = batch.union(self.wg.compute_log_prob(batch.select(batch_keys=LOGPROB_KEYS)))
+        if self.old_is_current:  # one update per batch: the update's own forward gives pi_old
+            batch.batch["old_log_probs"] = torch.zeros_like(batch.batch["responses"], dtype=torch.float32)
+        else:
+            with timed(timing, "old_log_prob"):
+                batch = batch.union(self.wg.compute_log_prob(batch.select(batch_keys=LOGPROB_KEYS)))
         if alg.kl_coef > 0:
             with timed(timing, "ref"):
                 batch = batch.union(self.wg.compute_ref_log_prob(batch.select(batch_keys=LOGPROB_KEYS)))
@@ -176,9 +183,11 @@ class RayGRPOTrainer:
         with timed(timing, "update_actor"):
             update = arrange_for_dp(batch.select(batch_keys=UPDATE_KEYS), self.n_mini_batches, self.wg.world_size)
             update.meta_info["n_mini_batches"] = self.n_mini_batches
+            update.meta_info["old_is_current"] = self.old_is_current
             actor_metrics = self.wg.update_actor(update)[0]  # identical on every rank
         metrics = dict(actor_metrics)
         metrics.update(self.rollout_metrics(batch, scores, texts))
+        self._write_samples(batch, scores, texts)
         metrics["adv/abs_mean"] = float(adv.abs().mean())
         metrics["adv/zero_group_share"] = float((adv == 0).float().mean())
         return metrics
@@ -301,6 +310,19 @@ class RayGRPOTrainer:
         log.warning("resumed from %s (step %d)", path, step)
         self.global_step = step
         return step
+
+    def _write_samples(self, batch: DataProto, scores: list[float], texts: list[str], k: int = 2) -> None:
+        """Append the first k trajectories of the step to samples.jsonl (what the policy writes)."""
+        out = Path(self.cfg.trainer.output_dir)
+        if not out.is_dir():
+            return
+        nt = batch.non_tensor_batch
+        with open(out / "samples.jsonl", "a") as f:
+            for i in range(min(k, len(texts))):
+                f.write(json.dumps({"step": self.global_step, "uid": str(nt["uid"][i]),
+                                    "question": str(nt["question"][i]) if "question" in nt else None,
+                                    "golden_answers": list(nt["golden_answers"][i]), "score": scores[i],
+                                    "response": texts[i]}) + "\n")
 
     def _log(self, metrics: dict, step: int) -> dict:
         # non-finite values are kept: MetricsLogger records them as null and warns, tests catch them

@@ -12,6 +12,7 @@ def ray_session():
 
     started = False
     if not ray.is_initialized():
+        os.environ.setdefault("RAY_worker_niceness", "0")  # Ray's default 15 starves workers on a busy box
         # 4 logical CPUs: a DP=1 and a DP=2 group side by side (one bundle each); torch threads stay 1.
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",

@@ -139,3 +139,18 @@ def test_dp2_equals_dp1_and_replicas_stay_identical(ray_session):
     finally:
         shutdown_worker_group(g1, p1)
         shutdown_worker_group(g2, p2)
+
+
+def test_on_policy_update_without_old_pass_equals_the_recomputed_one(local_worker_factory):
+    spec = WorkerSpec(model_name=MODEL, lr=1e-3, warmup_steps=0, micro_batch_size=2)
+    w1, w2 = local_worker_factory(spec), local_worker_factory(spec)
+    recomputed = with_targets(w1, fixed_batch(), [1.0, -1.0, 0.5, -0.5])
+    recomputed.meta_info["n_mini_batches"] = 1
+    shortcut = DataProto.from_dict({k: v.clone() for k, v in recomputed.batch.items()},
+                                   meta_info={"n_mini_batches": 1, "old_is_current": True})
+    shortcut.batch["old_log_probs"].fill_(123.0)  # must not be read
+    m1, m2 = w1.update_actor(recomputed), w2.update_actor(shortcut)
+    assert m1 == m2
+    s1, s2 = w1.model.state_dict(), w2.model.state_dict()
+    for k in s1:
+        torch.testing.assert_close(s2[k], s1[k], atol=0, rtol=0)
