@@ -197,8 +197,8 @@ class AlgorithmConfig:
     kl_coef: float = 0.001
     # KL estimator: low_var_kl (= K3) | k3 | k1 | k2.
     kl_type: str = "low_var_kl"
-    # Entropy bonus coefficient (subtracted from the loss).
-    entropy_coef: float = 0.001
+    # Entropy bonus coefficient (subtracted from the loss); see configs/grpo_cpu.yaml for why 0.
+    entropy_coef: float = 0.0
     # Loss aggregation over the mini-batch: token-mean | seq-mean-token-mean | seq-mean.
     loss_agg: str = "token-mean"
     # pi_old log-probs: recompute (a separate forward pass) | auto (when each batch gets exactly one
@@ -252,7 +252,7 @@ class TrainerConfig:
     # Passes over each rollout batch.
     ppo_epochs: int = 1
     # Trajectories per forward/backward on a worker (gradient accumulation; memory knob).
-    micro_batch_size: int = 4
+    micro_batch_size: int = 2
     # Prompts per validation rollout batch.
     val_batch_size: int = 8
     # Validate every this many steps (0 = only before and after training).

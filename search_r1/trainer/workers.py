@@ -164,6 +164,7 @@ class PolicyWorker(Worker):
         prompts = [list(map(int, p)) for p in data.non_tensor_batch["prompt_ids"]]
         with torch.no_grad(), self._autocast():
             outs = self.generator.generate(prompts, params)
+        _release_memory()
         return DataProto.from_dict(non_tensors={
             "token_ids": _objects([list(o.token_ids) for o in outs]),
             "logprobs": _objects([list(o.logprobs) for o in outs]),
@@ -171,7 +172,8 @@ class PolicyWorker(Worker):
         })
 
     # -- log-probs ----------------------------------------------------------------------------------
-    def _forward_logprobs(self, model, data: DataProto, rows: slice, with_entropy: bool):
+    def _forward_logprobs(self, model, data: DataProto, rows: slice, with_entropy: bool,
+                          entropy_grad: bool = True):
         """log p(response token) (and entropy) for rows of the batch, padding trimmed.
 
         input_ids = [left-padded prompt (P) | right-padded response (R)], T = P + R. The logits at
@@ -200,7 +202,8 @@ class PolicyWorker(Worker):
         ent = None
         if with_entropy:
             from search_r1.algos import entropy_from_logits
-            ent = entropy_from_logits(logits)  # (m, r_eff)
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                ent = entropy_from_logits(logits if entropy_grad else logits.detach())  # (m, r_eff)
         pad = R - r_eff
         if pad:
             logp = torch.nn.functional.pad(logp, (0, pad))
@@ -280,6 +283,8 @@ class PolicyWorker(Worker):
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self._sync_rollout_weights()
+        self.optimizer.zero_grad(set_to_none=True)  # gradients are not needed until the next update
+        _release_memory()
         metrics = {k: v / n_updates for k, v in sums.items()}
         metrics["actor/lr"] = lr
         metrics["actor/grad_nonfinite"] = float(not math.isfinite(metrics["actor/grad_norm"]))
@@ -303,7 +308,9 @@ class PolicyWorker(Worker):
         stats = torch.zeros(6, dtype=torch.float64)
         for rows in _split_rows(len(mb), spec.micro_batch_size):
             m = mask[rows]
-            logp, ent = self._forward_logprobs(self.model, mb, rows, with_entropy=spec.entropy_coef > 0)
+            # entropy is always reported; it joins the graph only when it is part of the loss
+            logp, ent = self._forward_logprobs(self.model, mb, rows, with_entropy=True,
+                                               entropy_grad=spec.entropy_coef > 0)
             old = logp.detach() if old_is_current else mb.batch["old_log_probs"][rows]
             pg, st = ppo_clip_loss(logp, old, mb.batch["advantages"][rows],
                                    m, clip=spec.clip_ratio, agg=spec.loss_agg, normalizer=norm)
@@ -312,9 +319,8 @@ class PolicyWorker(Worker):
             if spec.kl_coef > 0:
                 kl = agg_loss(kl_fn(logp, mb.batch["ref_log_prob"][rows]), m, spec.loss_agg, norm)
                 loss = loss + spec.kl_coef * kl
-            ent_term = torch.zeros(())
-            if ent is not None:
-                ent_term = agg_loss(ent, m, spec.loss_agg, norm)
+            ent_term = agg_loss(ent, m, spec.loss_agg, norm)
+            if spec.entropy_coef > 0:
                 loss = loss - spec.entropy_coef * ent_term
             loss.backward()
             t = float(m.sum())
@@ -383,6 +389,16 @@ class PolicyWorker(Worker):
     def state_dict_copy(self) -> dict:
         """The policy weights (for tests comparing two worker groups)."""
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+
+def _release_memory() -> None:
+    """Return freed heap pages to the OS (glibc keeps them otherwise; RSS would stay at the peak)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def _chunk(data: DataProto, n: int) -> list[DataProto]:
