@@ -446,6 +446,7 @@ def render_table(rows: list[Row], args, notes: list[str]) -> str:
     lines = [f"Retriever load, B={args.batch_size} queries/request, C={args.concurrency} clients, "
              f"{args.duration:g} s of measured load per server in {args.rounds} segments (each after "
              f"{args.warmup:g} s of warm-up), server threads {args.server_threads}, "
+             f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')} (inherited by the server), "
              f"{os.cpu_count()} CPU cores shared by server and load generator (1-min load average "
              f"{args.load_before:.1f} before the run, {os.getloadavg()[0]:.1f} after: other work on the machine "
              "competes for the same cores).", "",
@@ -717,7 +718,8 @@ def main(argv=None) -> int:
                  "serving overhead with contention from other processes factored out)")
     notes.append("recall@3: share of single-hop (synth_nq) questions with a gold passage among the top 3 hits; "
                  "latency is per request of B queries")
-    command = " ".join(["python bench/retriever_load.py", *(sys.argv[1:] if argv is None else argv)])
+    env = [f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY",) if k in os.environ]
+    command = " ".join([*env, "python bench/retriever_load.py", *(sys.argv[1:] if argv is None else argv)])
     notes.append(f"command: {command} (total {time.time() - t_all:.0f} s)")
     order = {k: i for i, k in enumerate(KINDS)}
     rows.sort(key=lambda r: (order[r.index], r.passages))
