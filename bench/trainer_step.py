@@ -8,15 +8,16 @@ for a few steps with validation and checkpoints reduced to a minimum, then print
 times from metrics.jsonl:
 
     gen           whole multi-turn rollout (driver loop + worker generation + searches)
-      gen_model   time inside the worker group's generate calls (sampling, incl. Ray round trips)
+      gen_worker  time the worker spent sampling (inside generate_sequences)
       search      retriever HTTP calls
       loop        the rest of the rollout: decoding actions, tokenizing observations, padding
-    old_log_prob, ref, update_actor   worker forward / forward / forward+backward+AdamW (incl. dispatch)
+    old_log_prob, ref, update_actor   worker forward / forward / forward+backward+AdamW, as seen by the
+                  driver; their `*_worker` parts are the time measured inside the worker
+    dispatch      Ray round trips + DataProto serialisation = driver-seen minus worker time
     reward, adv   driver-side scoring and GRPO advantages
 
-non-model share = 1 - (gen_model + old_log_prob + ref + update_actor) / step. Target: < 20%.
-The model phases include Ray dispatch and DataProto serialisation; `--dispatch` measures that cost
-alone with a no-op round trip of the same batch size.
+non-model share = 1 - (gen_worker + old_log_prob_worker + ref_worker + update_actor_worker) / step,
+i.e. everything outside generation, forward and backward. Target: < 20%.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-PHASES = ("gen", "gen_model", "search", "old_log_prob", "ref", "reward", "adv", "update_actor", "step")
+PHASES = ("gen", "gen_worker", "search", "old_log_prob", "ref", "update_actor", "reward", "adv", "step")
+WORKER = ("gen_worker", "old_log_prob_worker", "ref_worker", "update_actor_worker")
 
 
 def parse_args(argv=None):
@@ -59,9 +61,11 @@ def load_config(name: str, overrides: list[str]):
 
 
 def breakdown(rec: dict) -> dict:
-    t = {k: rec.get(f"timing/{k}", 0.0) for k in PHASES}
+    t = {k: rec.get(f"timing/{k}", 0.0) for k in PHASES + WORKER + ("gen_model",)}
     t["loop"] = max(0.0, t["gen"] - t["gen_model"] - t["search"])
-    model = t["gen_model"] + t["old_log_prob"] + t["ref"] + t["update_actor"]
+    t["dispatch"] = (t["gen_model"] - t["gen_worker"]) + sum(t[k] - t[f"{k}_worker"] for k in
+                                                            ("old_log_prob", "ref", "update_actor"))
+    model = sum(t[k] for k in WORKER)
     t["non_model_share"] = max(0.0, 1.0 - model / t["step"]) if t["step"] else float("nan")
     t["tokens"] = rec.get("actor/update_tokens", 0.0)
     t["response_length_mean"] = rec.get("response/length_mean", 0.0)
@@ -86,15 +90,17 @@ def main(argv=None) -> int:
     print(f"\ntrainer step breakdown ({args.config} + {' '.join(args.overrides) or 'no overrides'}; "
           f"batch {cfg.trainer.batch_size} prompts x n={cfg.rollout.n}, {cfg.model.name}, "
           f"{cfg.model.compute_dtype}, {cfg.trainer.n_workers} worker(s) x {cfg.trainer.threads_per_worker} threads)")
-    header = ["step"] + list(PHASES) + ["loop", "non_model_share", "resp_len"]
+    header = ["step"] + list(PHASES) + ["loop", "dispatch", "non_model_share", "resp_len"]
     print("  ".join(f"{h:>12}" for h in header))
     for r, row in zip(steps, rows):
-        vals = [r["step"]] + [row[k] for k in PHASES] + [row["loop"], row["non_model_share"], row["response_length_mean"]]
+        vals = ([r["step"]] + [row[k] for k in PHASES]
+                + [row["loop"], row["dispatch"], row["non_model_share"], row["response_length_mean"]])
         print("  ".join(f"{v:>12.3f}" if isinstance(v, float) else f"{v:>12}" for v in vals))
     last = rows[-1]
     verdict = "OK" if last["non_model_share"] < 0.20 else "ABOVE TARGET"
     print(f"\nlast step: {last['step']:.1f} s, outside model compute {100 * last['non_model_share']:.1f}% "
           f"(target < 20%: {verdict}); search {last['search']:.2f} s, rollout loop {last['loop']:.2f} s, "
+          f"Ray dispatch {last['dispatch']:.2f} s, "
           f"reward+adv {last['reward'] + last['adv']:.3f} s. Whole run incl. startup: {wall:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps({"steps": rows, "wall_s": wall, "overrides": args.overrides}, indent=2))

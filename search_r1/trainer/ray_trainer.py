@@ -35,7 +35,7 @@ from search_r1.data.dataset import repeat_interleave
 from search_r1.rewards import check_format_correctness, em_score, f1_score, get_reward_fn
 from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager
 from search_r1.trainer.config import TrainConfig
-from search_r1.trainer.workers import WorkerGroupGenerator, arrange_for_dp
+from search_r1.trainer.workers import WorkerGroupGenerator, arrange_for_dp, worker_seconds
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,12 @@ UPDATE_KEYS = LOGPROB_KEYS + ["response_mask", "old_log_probs", "ref_log_prob", 
 # the step, so a resumed run samples exactly what the uninterrupted run would have).
 SEED_STRIDE = 1_000_000
 ROUND_STRIDE = 100
+
+
+def _drop_meta(out: DataProto) -> DataProto:
+    """A worker result without its timing metrics (union() refuses differing meta_info)."""
+    out.meta_info.pop("metrics", None)
+    return out
 
 
 @contextmanager
@@ -138,8 +144,10 @@ class RayGRPOTrainer:
             rollout = self.generate_trajectory(batch, step, timing)
             metrics = self.grpo_step(rollout, timing)
         metrics.update({f"timing/{k}": v for k, v in timing.items()})
-        model_s = (timing.get("gen_model", 0) + timing.get("old_log_prob", 0) + timing.get("ref", 0)
-                   + timing["update_actor"])
+        # model compute = time inside the workers (sampling, forward, forward+backward+AdamW);
+        # the rest is rollout bookkeeping, search, scoring and Ray dispatch/serialisation
+        model_s = sum(timing.get(k, 0.0) for k in ("gen_worker", "old_log_prob_worker", "ref_worker",
+                                                   "update_actor_worker"))
         metrics["perf/non_model_share"] = max(0.0, 1.0 - model_s / timing["step"])
         metrics["train/step"] = step
         metrics["train/epoch"] = self.train_loader.epoch
@@ -151,12 +159,13 @@ class RayGRPOTrainer:
         seed = self.cfg.trainer.seed * SEED_STRIDE + step * ROUND_STRIDE
         manager = LLMGenerationManager(self.tokenizer, self.generator,
                                        dataclasses.replace(self.gen_config, seed=seed), self.search_engine)
-        gen_before = self.generator.seconds
+        gen_before, worker_before = self.generator.seconds, self.generator.worker_seconds
         with timed(timing, "gen"):
             rollout = manager.run_llm_loop(gen_batch)
         loop_timing = rollout.meta_info.get("timing", {})
         timing["search"] = loop_timing.get("search_s", 0.0)
         timing["gen_model"] = self.generator.seconds - gen_before  # worker round trips incl. sampling
+        timing["gen_worker"] = self.generator.worker_seconds - worker_before  # sampling alone
         return rollout
 
     def grpo_step(self, batch: DataProto, timing: dict) -> dict:
@@ -166,10 +175,14 @@ class RayGRPOTrainer:
             batch.batch["old_log_probs"] = torch.zeros_like(batch.batch["responses"], dtype=torch.float32)
         else:
             with timed(timing, "old_log_prob"):
-                batch = batch.union(self.wg.compute_log_prob(batch.select(batch_keys=LOGPROB_KEYS)))
+                out = self.wg.compute_log_prob(batch.select(batch_keys=LOGPROB_KEYS))
+            timing["old_log_prob_worker"] = worker_seconds(out)
+            batch = batch.union(_drop_meta(out))
         if alg.kl_coef > 0:
             with timed(timing, "ref"):
-                batch = batch.union(self.wg.compute_ref_log_prob(batch.select(batch_keys=LOGPROB_KEYS)))
+                out = self.wg.compute_ref_log_prob(batch.select(batch_keys=LOGPROB_KEYS))
+            timing["ref_worker"] = worker_seconds(out)
+            batch = batch.union(_drop_meta(out))
         else:
             batch.batch["ref_log_prob"] = batch.batch["old_log_probs"].clone()
         with timed(timing, "reward"):
@@ -184,8 +197,9 @@ class RayGRPOTrainer:
             update = arrange_for_dp(batch.select(batch_keys=UPDATE_KEYS), self.n_mini_batches, self.wg.world_size)
             update.meta_info["n_mini_batches"] = self.n_mini_batches
             update.meta_info["old_is_current"] = self.old_is_current
-            actor_metrics = self.wg.update_actor(update)[0]  # identical on every rank
-        metrics = dict(actor_metrics)
+            per_rank = self.wg.update_actor(update)  # identical actor/* metrics on every rank
+        timing["update_actor_worker"] = max(m.pop("perf/update_worker_s") for m in per_rank)
+        metrics = dict(per_rank[0])
         metrics.update(self.rollout_metrics(batch, scores, texts))
         self._write_samples(batch, scores, texts)
         metrics["adv/abs_mean"] = float(adv.abs().mean())

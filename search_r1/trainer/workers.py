@@ -162,6 +162,7 @@ class PolicyWorker(Worker):
         if params.seed is not None:
             params = dataclasses.replace(params, seed=params.seed + self.rank * RANK_SEED_STRIDE)
         prompts = [list(map(int, p)) for p in data.non_tensor_batch["prompt_ids"]]
+        t0 = time.perf_counter()
         with torch.no_grad(), self._autocast():
             outs = self.generator.generate(prompts, params)
         _release_memory()
@@ -169,7 +170,7 @@ class PolicyWorker(Worker):
             "token_ids": _objects([list(o.token_ids) for o in outs]),
             "logprobs": _objects([list(o.logprobs) for o in outs]),
             "finish_reason": _objects([o.finish_reason for o in outs]),
-        })
+        }, meta_info={"metrics": {"worker_s": time.perf_counter() - t0}})
 
     # -- log-probs ----------------------------------------------------------------------------------
     def _forward_logprobs(self, model, data: DataProto, rows: slice, with_entropy: bool,
@@ -220,14 +221,20 @@ class PolicyWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """old_log_probs (N, R): the current policy's log-probs of the sampled response tokens."""
-        return DataProto.from_dict(tensors={"old_log_probs": self._batched_logprobs(self.model, data)})
+        t0 = time.perf_counter()
+        logp = self._batched_logprobs(self.model, data)
+        return DataProto.from_dict(tensors={"old_log_probs": logp},
+                                   meta_info={"metrics": {"worker_s": time.perf_counter() - t0}})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """ref_log_prob (N, R) under the frozen reference model."""
         if self.ref_model is None:
             raise ValueError("this worker was built without a reference model (kl_coef=0)")
-        return DataProto.from_dict(tensors={"ref_log_prob": self._batched_logprobs(self.ref_model, data)})
+        t0 = time.perf_counter()
+        logp = self._batched_logprobs(self.ref_model, data)
+        return DataProto.from_dict(tensors={"ref_log_prob": logp},
+                                   meta_info={"metrics": {"worker_s": time.perf_counter() - t0}})
 
     # -- update -------------------------------------------------------------------------------------
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
@@ -257,6 +264,7 @@ class PolicyWorker(Worker):
         averaged over mini-batches (identical on every rank after the all-reduces).
         """
         spec = self.spec
+        t0 = time.perf_counter()
         n_mini = int(data.meta_info["n_mini_batches"])
         # The model stays in eval mode: dropout is 0 in these models, and eval keeps the first
         # mini-batch's log-probs bit-identical to compute_log_prob's (ratio exactly 1 on-policy).
@@ -287,6 +295,7 @@ class PolicyWorker(Worker):
         _release_memory()
         metrics = {k: v / n_updates for k, v in sums.items()}
         metrics["actor/lr"] = lr
+        metrics["perf/update_worker_s"] = time.perf_counter() - t0
         metrics["actor/grad_nonfinite"] = float(not math.isfinite(metrics["actor/grad_norm"]))
         return metrics
 
@@ -391,6 +400,12 @@ class PolicyWorker(Worker):
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
 
+def worker_seconds(out: DataProto) -> float:
+    """Compute time inside the workers of a DP call (the slowest rank), from meta_info metrics."""
+    value = out.meta_info.get("metrics", {}).get("worker_s", 0.0)
+    return float(max(value)) if isinstance(value, list) else float(value)
+
+
 def _release_memory() -> None:
     """Return freed heap pages to the OS (glibc keeps them otherwise; RSS would stay at the peak)."""
     try:
@@ -421,7 +436,8 @@ class WorkerGroupGenerator:
 
     def __init__(self, worker_group):
         self.worker_group = worker_group
-        self.seconds = 0.0
+        self.seconds = 0.0  # wall time of generate calls, dispatch included
+        self.worker_seconds = 0.0  # time the slowest rank spent sampling
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenOutput]:
         if not prompts:
@@ -433,6 +449,7 @@ class WorkerGroupGenerator:
                                     meta_info={"sampling": dataclasses.asdict(params)})
         out = self.worker_group.generate_sequences(batch)
         nt = out.non_tensor_batch
+        self.worker_seconds += worker_seconds(out)
         results = [GenOutput(token_ids=list(nt["token_ids"][i]), logprobs=list(nt["logprobs"][i]),
                              finish_reason=str(nt["finish_reason"][i])) for i in range(len(prompts))]
         self.seconds += time.perf_counter() - t0

@@ -112,8 +112,11 @@ def test_dp2_equals_dp1_and_replicas_stay_identical(ray_session):
     g2, p2 = create_worker_group(spec, 2)
     try:
         batch = fixed_batch(n=8, p=6, r=5, seed=1)
-        batch = batch.union(g1.compute_log_prob(batch))
-        batch = batch.union(g1.compute_ref_log_prob(batch))
+        for call in (g1.compute_log_prob, g1.compute_ref_log_prob):
+            out = call(batch)
+            assert out.meta_info["metrics"]["worker_s"][0] > 0  # workers report their compute time
+            out.meta_info.pop("metrics")
+            batch = batch.union(out)
         # log-probs computed on 2 ranks equal those on 1 rank
         torch.testing.assert_close(g2.compute_log_prob(batch).batch["old_log_probs"],
                                    batch.batch["old_log_probs"], atol=1e-6, rtol=0)
@@ -127,7 +130,8 @@ def test_dp2_equals_dp1_and_replicas_stay_identical(ray_session):
                 out = group.update_actor(b)
             metrics.append(out)
         m1, m2 = metrics[0][0], metrics[1]
-        assert m2[0] == m2[1]  # every rank reports the same all-reduced metrics
+        actor = [{k: v for k, v in m.items() if k.startswith("actor/")} for m in m2]
+        assert actor[0] == actor[1]  # every rank reports the same all-reduced metrics
         for k in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
             assert m2[0][k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
         d0, d1 = g2.weights_digest()
@@ -150,7 +154,8 @@ def test_on_policy_update_without_old_pass_equals_the_recomputed_one(local_worke
                                    meta_info={"n_mini_batches": 1, "old_is_current": True})
     shortcut.batch["old_log_probs"].fill_(123.0)  # must not be read
     m1, m2 = w1.update_actor(recomputed), w2.update_actor(shortcut)
-    assert m1 == m2
+    assert {k: v for k, v in m1.items() if k.startswith("actor/")} == \
+        {k: v for k, v in m2.items() if k.startswith("actor/")}
     s1, s2 = w1.model.state_dict(), w2.model.state_dict()
     for k in s1:
         torch.testing.assert_close(s2[k], s1[k], atol=0, rtol=0)
