@@ -21,6 +21,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from search_r1.bpe_cache import PieceEncoder
+
 PROTOCOLS = ("tags", "tool_call")
 ACTION_KINDS = ("search", "answer", "invalid")
 
@@ -178,6 +180,7 @@ class ObservationEncoder:
         self.tokenizer = tokenizer
         self.cache_lines = cache_lines
         self._line_ids: dict[str, list[int]] = {}
+        self._pieces = PieceEncoder.for_tokenizer(tokenizer)  # exact fast path for ASCII lines, or None
         self.protocol = check_protocol(protocol)
         opening, closing = _WRAPPERS[protocol]
         self.opening_ids = self._encode([opening])[0]
@@ -195,7 +198,13 @@ class ObservationEncoder:
                if ln not in self._line_ids]
         if len(self._line_ids) + len(new) > self.cache_lines:
             self._line_ids.clear()  # wholesale eviction: cheaper than LRU bookkeeping per lookup
-        self._line_ids.update(zip(new, self._encode(new)))
+        if self._pieces is not None and new:
+            fast = [ln for ln in new if self._pieces.fits(ln)]
+            slow = [ln for ln in new if not self._pieces.fits(ln)] if len(fast) < len(new) else []
+            self._line_ids.update(zip(fast, self._pieces.encode(fast)))
+            self._line_ids.update(zip(slow, self._encode(slow)))
+        else:
+            self._line_ids.update(zip(new, self._encode(new)))
         cache = self._line_ids
         return {b: list(itertools.chain.from_iterable(cache[ln] for ln in lines)) for b, lines in lines_of.items()}
 

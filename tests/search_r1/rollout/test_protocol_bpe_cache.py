@@ -1,0 +1,49 @@
+"""The fast ASCII path of observation tokenization must give the tokenizer's own ids, id for id."""
+import random
+
+import pytest
+
+from search_r1.bpe_cache import PieceEncoder
+from search_r1.protocol import ObservationEncoder, encode_texts
+from tests.search_r1.rollout.scripted import smollm2_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return smollm2_tokenizer()
+
+
+def test_piece_encoder_matches_tokenizer_on_random_ascii(tok):
+    enc = PieceEncoder.for_tokenizer(tok)
+    assert enc is not None, "SmolLM2's byte-level BPE tokenizer should qualify for the fast path"
+    rng = random.Random(0)
+    # Letters, digits, contractions, every ASCII whitespace kind and punctuation, in runs.
+    alphabet = "abZ'stmrevld0129 \t\n\r\x0b\x0c.,!-_\"<>|\x00\x1f("
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(5000)]
+    texts += ["Doc 1(Title: \"Ann's Bar\") it's  they'll 3.14\n", "   ", "\n\n", "x  \n  y", "'re're 's'"]
+    assert enc.encode(texts) == encode_texts(tok, texts)
+    assert enc.encode(texts) == encode_texts(tok, texts)  # second pass: all pieces from the cache
+
+
+def test_piece_encoder_refuses_non_ascii_and_added_tokens(tok):
+    enc = PieceEncoder.for_tokenizer(tok)
+    assert enc.fits("plain text\n")
+    assert not enc.fits("café")
+    assert not enc.fits("a <|im_end|> b")
+
+
+def test_piece_encoder_declines_other_tokenizers():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    wordlevel = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    wordlevel.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert PieceEncoder.for_tokenizer(wordlevel) is None
+
+
+def test_encoder_with_and_without_fast_path_agree(tok):
+    fast = ObservationEncoder(tok, "tags")
+    slow = ObservationEncoder(tok, "tags")
+    slow._pieces = None
+    passages = ["Doc 1(Title: \"Paris\") Paris is the capital of France.\nDoc 2(Title: Café) Crème brûlée <|im_end|>\n",
+                "Doc 1(Title: X) it's  spaced   out\t\ttabs\n\n"]
+    kinds, budgets = ["search", "search", "invalid"], [500, 12, 500]
+    assert fast.encode(kinds, passages + [None], budgets) == slow.encode(kinds, passages + [None], budgets)
