@@ -106,3 +106,102 @@ class PieceEncoder:
                 row += ids[p]
             out.append(row)
         return out
+
+
+_CHAR_BYTES = {c: b for b, c in enumerate(_byte_map())}
+# byte-level character -> the latin-1 character of its byte; every other character -> U+FFFF, which
+# makes `.encode("latin-1")` fail, so tokens outside the alphabet are never mis-decoded.
+_TO_LATIN1 = {c: _CHAR_BYTES.get(chr(c), 0xFFFF) for c in range(0x144)}
+_BYTE_FALLBACK_RE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+_DECODERS: dict[int, tuple[object, ByteDecoder | None]] = {}
+
+
+class ByteDecoder:
+    """Exact, fast decode (special tokens kept) for byte-level BPE tokenizers.
+
+    Each id's bytes come from a table built once; a row's text is `b"".join(bytes).decode("utf-8")`,
+    which is what the ByteLevel decoder computes whenever the bytes are valid UTF-8. Rows with invalid
+    UTF-8 or ids the table does not cover go through the tokenizer's own `decode_batch`.
+    `for_tokenizer` returns None unless every covered id, and a sample of id sequences, decode
+    exactly as the tokenizer decodes them.
+    """
+
+    def __init__(self, backend, table: list[bytes | None]):
+        self.backend = backend
+        self.table = table
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer) -> ByteDecoder | None:
+        """The decoder for `tokenizer`, built once per tokenizer object (building takes ~0.1 s)."""
+        backend = getattr(tokenizer, "_tokenizer", tokenizer)
+        hit = _DECODERS.get(id(backend))
+        if hit is not None and hit[0] is backend:
+            return hit[1]
+        dec = cls._build(backend)
+        if len(_DECODERS) >= 8:
+            _DECODERS.clear()
+        _DECODERS[id(backend)] = (backend, dec)  # holding `backend` keeps its id from being reused
+        return dec
+
+    @classmethod
+    def _build(cls, backend, check_rows: int = 64, seed: int = 0) -> ByteDecoder | None:
+        try:
+            from tokenizers import pre_tokenizers
+            if not isinstance(backend.pre_tokenizer, pre_tokenizers.ByteLevel) or backend.decoder is None:
+                return None
+            vocab = backend.get_vocab(with_added_tokens=True)  # token -> id
+            added = {i: t.content for i, t in backend.get_added_tokens_decoder().items()}
+            table: list[bytes | None] = [None] * (max(vocab.values(), default=-1) + 1)
+            for token, i in vocab.items():
+                if i in added or "\u2581" in token or _BYTE_FALLBACK_RE.fullmatch(token):
+                    continue
+                try:
+                    table[i] = token.translate(_TO_LATIN1).encode("latin-1")
+                except UnicodeEncodeError:
+                    pass  # a character outside the byte-level alphabet: leave it to the tokenizer
+            for i, token in added.items():  # added tokens decode to their content; keep plain ones
+                if i < len(table) and token.isascii() and token.isprintable() and " " not in token:
+                    table[i] = token.encode()
+            covered = [i for i, b in enumerate(table) if b is not None]
+            if not covered:
+                return None
+            dec = cls(backend, table)
+            # Every covered id (in rows of 256 ids that each decode alone) and random sequences of
+            # them: catches decoders that treat position or neighbours specially (a stripped space).
+            import random
+            rng = random.Random(seed)
+            alone = [i for i in covered if _is_utf8(table[i])]
+            rows = [alone[k:k + 256] for k in range(0, len(alone), 256)]
+            rows += [[rng.choice(covered) for _ in range(rng.randint(1, 40))] for _ in range(check_rows)]
+            theirs = backend.decode_batch(rows, skip_special_tokens=False)
+            for row, text in zip(rows, theirs):
+                data = b"".join(table[i] for i in row)
+                if _is_utf8(data) and data.decode("utf-8") != text:
+                    return None
+            return dec
+        except (AttributeError, TypeError, ValueError, ImportError):
+            return None
+
+    def decode(self, id_lists: list[list[int]]) -> list[str]:
+        table, out, slow = self.table, [], []
+        for k, ids in enumerate(id_lists):
+            try:
+                out.append(b"".join([table[i] for i in ids]).decode("utf-8"))
+            except (TypeError, IndexError, UnicodeDecodeError):  # None entry, unknown id, bad UTF-8
+                out.append(None)
+                slow.append(k)
+        if slow:
+            texts = self.backend.decode_batch([list(id_lists[k]) for k in slow], skip_special_tokens=False)
+            for k, text in zip(slow, texts):
+                out[k] = text
+        return out
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False

@@ -47,3 +47,20 @@ def test_encoder_with_and_without_fast_path_agree(tok):
                 "Doc 1(Title: X) it's  spaced   out\t\ttabs\n\n"]
     kinds, budgets = ["search", "search", "invalid"], [500, 12, 500]
     assert fast.encode(kinds, passages + [None], budgets) == slow.encode(kinds, passages + [None], budgets)
+
+
+def test_byte_decoder_matches_tokenizer(tok):
+    from search_r1.bpe_cache import ByteDecoder
+    from search_r1.protocol import decode_ids
+    dec = ByteDecoder.for_tokenizer(tok)
+    assert dec is not None and ByteDecoder.for_tokenizer(tok) is dec  # built once per tokenizer
+    rng = random.Random(1)
+    size = len(dec.table)
+    # Random ids (often invalid UTF-8 across tokens: those rows take the tokenizer's path), special
+    # tokens, real text, an empty row and an out-of-range id.
+    rows = [[rng.randrange(size) for _ in range(rng.randint(0, 30))] for _ in range(3000)]
+    rows += [encode_texts(tok, ["<think>café ☕ naïve</think>\n<search> x </search>"])[0], [],
+             [tok.eos_token_id, 1, 2], encode_texts(tok, ["<|im_end|> plain"])[0]]
+    assert dec.decode(rows) == decode_ids(tok, rows)
+    # An id past the table falls through to the tokenizer, whatever it does with it.
+    assert dec.decode([[size + 10, 1]]) == decode_ids(tok, [[size + 10, 1]])
