@@ -16,6 +16,7 @@ use the tokenizer itself. Text that is not ASCII or that contains an added token
 """
 from __future__ import annotations
 
+import itertools
 import re
 
 # GPT-2's pre-tokenizer pattern restricted to ASCII: \p{L} = [A-Za-z], \p{N} = [0-9], \s = the six
@@ -92,19 +93,15 @@ class PieceEncoder:
         """Ids of each text (each must satisfy `fits`), no special tokens added."""
         pieces_of = [_SPLIT_RE.findall(t) for t in texts]
         ids = self._ids
-        new = {p for pieces in pieces_of for p in pieces if p not in ids}
+        new = set(itertools.chain.from_iterable(pieces_of)).difference(ids)
         if len(ids) + len(new) > self.cache_pieces:
             ids.clear()  # wholesale eviction, as in the line cache
-            new = {p for pieces in pieces_of for p in pieces}
+            new = set(itertools.chain.from_iterable(pieces_of))
         tokenize = self.model.tokenize
         for p in new:
             ids[p] = [t.id for t in tokenize(p.translate(_ASCII_TABLE))]
-        out = []
-        for pieces in pieces_of:
-            row: list[int] = []
-            for p in pieces:
-                row += ids[p]
-            out.append(row)
+        chain, get = itertools.chain.from_iterable, ids.__getitem__
+        out = [list(chain(map(get, pieces))) for pieces in pieces_of]
         return out
 
 
@@ -188,7 +185,7 @@ class ByteDecoder:
         table, out, slow = self.table, [], []
         for k, ids in enumerate(id_lists):
             try:
-                out.append(b"".join([table[i] for i in ids]).decode("utf-8"))
+                out.append(b"".join(map(table.__getitem__, ids)).decode("utf-8"))
             except (TypeError, IndexError, UnicodeDecodeError):  # None entry, unknown id, bad UTF-8
                 out.append(None)
                 slow.append(k)
