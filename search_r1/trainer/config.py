@@ -166,8 +166,9 @@ class RolloutConfig:
     max_response_length: int = 256
     # Longest single observation (search results) in tokens.
     max_obs_length: int = 96
-    # Generation cap per round in tokens.
-    max_tokens_per_turn: int = 32
+    # Generation cap per round in tokens (40: a warm-start demonstration turn, think + question as
+    # the query, takes up to ~40 SmolLM2 tokens; at 32 half of them did not fit).
+    max_tokens_per_turn: int = 40
 
     def __post_init__(self):
         _check_range("rollout.n", self.n, 1)
@@ -299,6 +300,29 @@ class TrainerConfig:
             raise _fail("trainer.output_dir", self.output_dir, "a directory path", "set trainer.output_dir")
 
 
+@dataclass(frozen=True)
+class WarmstartConfig:
+    # Supervised format warm-start before GRPO (search_r1/trainer/warmstart.py): a small model that
+    # never writes the tags gets a constant reward and GRPO learns nothing. The policy and the KL
+    # reference both start from the warm-started model.
+    enabled: bool = True
+    # SFT optimizer steps.
+    steps: int = 40
+    # Demonstrations per step.
+    batch_size: int = 4
+    # AdamW learning rate (constant, no weight decay).
+    lr: float = 5.0e-5
+    # Demonstrations built from single-hop train questions (fewer if not enough qualify).
+    n_examples: int = 96
+    # Seed of demonstration choice, batch order and torch.
+    seed: int = 0
+
+    def __post_init__(self):
+        for key in ("steps", "batch_size", "n_examples"):
+            _check_range(f"warmstart.{key}", getattr(self, key), 1)
+        _check_range("warmstart.lr", self.lr, 0, lo_open=True)
+
+
 SECTIONS = {
     "model": ModelConfig,
     "data": DataConfig,
@@ -307,6 +331,7 @@ SECTIONS = {
     "algorithm": AlgorithmConfig,
     "optim": OptimConfig,
     "trainer": TrainerConfig,
+    "warmstart": WarmstartConfig,
 }
 
 
@@ -319,6 +344,7 @@ class TrainConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)
 
     def __post_init__(self):
         # Cross-section rules: the data-parallel split must give every worker whole trajectories.

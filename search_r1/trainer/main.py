@@ -6,7 +6,9 @@
 
 Order of work (each step fails fast with a message naming the fix): validate the config -> check
 cores -> prepare the data (generate the synthetic world when data.dir=auto and it is missing) ->
-reach the retriever (start one for the run when retriever.url=auto) -> start Ray and the workers ->
+reach the retriever (start one for the run when retriever.url=auto) -> supervised format warm-start
+(warmstart.enabled; cached) -> start Ray and the workers (policy and KL reference both load the
+warm-started model) ->
 train -> plot -> print where metrics, plot and checkpoints are. The retriever started here and
 the workers are stopped on the way out, also on errors.
 """
@@ -147,16 +149,33 @@ def check_cores(cfg: TrainConfig) -> None:
             f"or n_workers (oversubscribed torch threads slow every step down)")
 
 
-def worker_spec(cfg: TrainConfig):
+def worker_spec(cfg: TrainConfig, model_path: str | None = None):
+    """The workers' spec; `model_path` (the warm-started directory) replaces model.name for both the
+    policy and the KL reference."""
     from search_r1.trainer.workers import WorkerSpec
 
     a, o, t = cfg.algorithm, cfg.optim, cfg.trainer
     return WorkerSpec(
-        model_name=cfg.model.name, compute_dtype=cfg.model.compute_dtype, rollout_dtype=cfg.model.rollout_dtype, threads=t.threads_per_worker,
+        model_name=model_path or cfg.model.name, compute_dtype=cfg.model.compute_dtype, rollout_dtype=cfg.model.rollout_dtype, threads=t.threads_per_worker,
         seed=t.seed, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
         grad_clip=o.grad_clip, clip_ratio=a.clip_ratio, kl_coef=a.kl_coef, kl_type=a.kl_type,
         entropy_coef=a.entropy_coef, loss_agg=a.loss_agg, ppo_epochs=t.ppo_epochs,
         micro_batch_size=t.micro_batch_size, use_ref=a.kl_coef > 0)
+
+
+def warm_start(cfg: TrainConfig, data: DataPaths, search_engine) -> str | None:
+    """Run (or reuse) the supervised format warm-start; the HF directory the workers load, or None."""
+    w = cfg.warmstart
+    if not w.enabled:
+        return None
+    from search_r1.trainer.warmstart import ensure_warmstart
+
+    path, _ = ensure_warmstart(
+        cfg.model.name, search_engine, list(data.train_files), steps=w.steps, batch_size=w.batch_size,
+        lr=w.lr, n_examples=w.n_examples, seed=w.seed, max_obs_length=cfg.rollout.max_obs_length,
+        max_tokens_per_turn=cfg.rollout.max_tokens_per_turn, protocol=cfg.data.protocol,
+        compute_dtype=cfg.model.compute_dtype, threads=cfg.trainer.threads_per_worker)
+    return str(path)
 
 
 def load_tokenizer(name: str):
@@ -211,6 +230,8 @@ def run(cfg: TrainConfig, search_engine=None) -> dict:
             url = stack.enter_context(retriever_for_run(cfg, data, out))
             r = cfg.retriever
             search_engine = RetrieverClient(url, topk=r.topk, timeout=r.timeout, retries=r.retries)
+        # Before Ray: the SFT has the cores to itself and its memory is freed before the workers load.
+        model_path = warm_start(cfg, data, search_engine)
         tokenizer = load_tokenizer(cfg.model.name)
         train_ds = PromptDataset(list(data.train_files), tokenizer, cfg.data.max_prompt_length, cfg.data.protocol)
         val_ds = PromptDataset(list(data.test_files), tokenizer, cfg.data.max_prompt_length, cfg.data.protocol)
@@ -219,7 +240,7 @@ def run(cfg: TrainConfig, search_engine=None) -> dict:
         started_ray = init_ray(cfg.trainer.n_workers)
         if started_ray:
             stack.callback(ray.shutdown)
-        group, pool = create_worker_group(worker_spec(cfg), cfg.trainer.n_workers)
+        group, pool = create_worker_group(worker_spec(cfg, model_path), cfg.trainer.n_workers)
         stack.callback(shutdown_worker_group, group, pool)
         logger = MetricsLogger(out, loggers=list(cfg.trainer.loggers), project=cfg.trainer.project,
                                experiment_name=cfg.trainer.experiment_name, config=cfg.to_dict())

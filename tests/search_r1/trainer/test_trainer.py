@@ -42,6 +42,7 @@ def tiny_config(world, url, out, **trainer) -> TrainConfig:
         "algorithm": {"kl_coef": 0.01, "entropy_coef": 0.01},
         "optim": {"lr": 1e-3, "warmup_steps": 1},
         "trainer": t,
+        "warmstart": {"enabled": False},  # covered by test_warmstart.py; these tests check the GRPO loop
     })
 
 

@@ -1,0 +1,107 @@
+"""Format warm-start: demonstrations are well formed and grounded in real retrieved passages, the
+loss mask covers exactly the policy's tokens, a few SFT steps lower the loss, the result is cached."""
+import json
+import re
+
+import pytest
+import torch
+
+from search_r1.models import load_model_and_tokenizer, load_tokenizer
+from search_r1.protocol import ObservationEncoder, decode_ids
+from search_r1.rewards import check_format_correctness, compute_reward
+from search_r1.search import RetrieverClient
+from search_r1.trainer.warmstart import (build_demos, collate, ensure_warmstart, masked_sft_loss,
+                                          train)
+
+MODEL = "tiny-random-qwen3"
+OBS, TURN = 64, 64
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(MODEL)
+
+
+@pytest.fixture(scope="module")
+def client(retriever_server):
+    return RetrieverClient(retriever_server.url, topk=2)
+
+
+@pytest.fixture(scope="module")
+def demos(tokenizer, client, synth_world):
+    return build_demos(tokenizer, client, [synth_world / "train.parquet"], n_examples=8, seed=0,
+                       max_obs_length=OBS, max_tokens_per_turn=TURN)
+
+
+def test_demos_get_the_max_seed_reward_and_hold_real_retrieved_evidence(demos, tokenizer, client):
+    assert len(demos) == 8
+    for d in demos:
+        text = d.response_text
+        assert check_format_correctness(text) == 0.5
+        assert compute_reward(text, list(d.golden_answers)) == 2.5
+        assert text.endswith(tokenizer.eos_token)
+        info = re.search(r"<information>(.*)</information>", text, re.DOTALL).group(1)
+        assert any(g.lower() in info.lower() for g in d.golden_answers)  # copy from evidence
+        # the observation is exactly what the rollout would append for this search
+        query = re.search(r"<search> (.*?) </search>", text).group(1)
+        assert query == d.question
+        obs_ids = ObservationEncoder(tokenizer).encode(["search"], client.batch_search([query]), [OBS])[0]
+        assert decode_ids(tokenizer, [obs_ids])[0] in text
+
+
+def test_loss_mask_covers_exactly_the_generated_tokens(demos, tokenizer):
+    for d in demos:
+        assert len(d.loss_mask) == len(d.input_ids)
+        assert not any(d.loss_mask[: d.prompt_length])
+        kept = [t for t, m in zip(d.input_ids, d.loss_mask) if m]
+        masked_response = [t for t, m in zip(d.input_ids[d.prompt_length:], d.loss_mask[d.prompt_length:]) if not m]
+        gen = tokenizer.decode(kept, skip_special_tokens=False)
+        assert gen.startswith("<think>") and "<search>" in gen and gen.endswith("</answer>" + tokenizer.eos_token)
+        assert "<information>" not in gen and "Doc 1" not in gen
+        obs = tokenizer.decode(masked_response, skip_special_tokens=False)
+        assert obs.startswith("\n\n<information>") and obs.endswith("</information>\n\n")
+
+
+def test_bad_settings_fail_naming_the_fix(tokenizer, client, synth_world):
+    with pytest.raises(ValueError, match="max_tokens_per_turn"):
+        build_demos(tokenizer, client, [synth_world / "train.parquet"], 4, 0, OBS, max_tokens_per_turn=3)
+    with pytest.raises(ValueError, match="warmstart.enabled=false"):
+        build_demos(tokenizer, client, [synth_world / "train.parquet"], 4, 0, OBS, TURN, protocol="tool_call")
+
+
+def test_masked_loss_matches_a_hand_computed_reference(demos, tokenizer):
+    model, _ = load_model_and_tokenizer(MODEL)
+    ids, attn, mask = collate(demos[:2], tokenizer.pad_token_id)
+    with torch.no_grad():
+        got = masked_sft_loss(model, ids, attn, mask)
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits.float(), -1)
+    total, count = 0.0, 0
+    for b in range(ids.shape[0]):
+        for t in range(1, ids.shape[1]):
+            if mask[b, t]:
+                total -= float(logp[b, t - 1, ids[b, t]])
+                count += 1
+    assert count == sum(sum(d.loss_mask) for d in demos[:2])
+    assert float(got) == pytest.approx(total / count, rel=1e-4)
+
+
+def test_sft_lowers_the_loss_and_the_result_is_cached(demos, client, synth_world, tmp_path):
+    model, tok = load_model_and_tokenizer(MODEL)
+    losses = train(model, demos, tok.pad_token_id, steps=6, batch_size=4, lr=1e-3, seed=0,
+                   compute_dtype="float32", progress=False)
+    assert losses[-1] < losses[0]
+
+    kw = dict(steps=2, batch_size=2, lr=1e-3, n_examples=4, seed=0, max_obs_length=OBS,
+              max_tokens_per_turn=TURN, compute_dtype="float32", threads=1, cache_root=tmp_path,
+              progress=False)
+    path, meta = ensure_warmstart(MODEL, client, [synth_world / "train.parquet"], **kw)
+    assert (path / "config.json").is_file() and meta["n_demos"] == 4
+    loaded, _ = load_model_and_tokenizer(str(path))  # an ordinary HF directory
+    stamp = (path / "warmstart.json").stat().st_mtime_ns
+    again, meta2 = ensure_warmstart(MODEL, client, [synth_world / "train.parquet"], **kw)
+    assert again == path and (path / "warmstart.json").stat().st_mtime_ns == stamp  # reused, not retrained
+    assert meta2["losses"] == meta["losses"]
+    other, _ = ensure_warmstart(MODEL, client, [synth_world / "train.parquet"], **{**kw, "seed": 1})
+    assert other != path
+    assert json.loads((other / "warmstart.json").read_text())["seed"] == 1
+    assert len([p for p in tmp_path.iterdir() if not p.name.startswith(".")]) == 2
