@@ -173,7 +173,9 @@ class ObservationEncoder:
     retrieved document) through a bounded cache: documents recur across a GRPO group and across
     epochs, and tokenizing them is most of the loop's own cost. A search observation longer
     than its budget keeps the wrapper and loses the tail of the passages, so the closing tag stays.
-    Pieces are tokenized separately, so the ids decode to exactly the observation text.
+    Pieces are tokenized separately, so the ids decode to exactly the observation text. New ASCII
+    lines take `search_r1.bpe_cache.PieceEncoder` (same ids, without the Rust pre-tokenizer's slow
+    regex) when the tokenizer qualifies; other lines go through the tokenizer.
     """
 
     def __init__(self, tokenizer, protocol: str = "tags", cache_lines: int = 100_000):
