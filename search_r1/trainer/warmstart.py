@@ -181,13 +181,15 @@ def masked_sft_loss(model, ids, attn, mask):
     """Token-mean CE over masked tokens: sum_t m_t * -log p(x_t | x_<t) / sum_t m_t.
 
     ids, attn, mask: (B, T); the mask is on the target positions (token t is predicted at t-1).
+    Only the masked positions go through the LM head (prompt and observation logits are never
+    built: a (B, T, vocab) fp32 tensor is most of the memory of a full forward).
     """
     import torch.nn.functional as F
 
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-    target, m = ids[:, 1:], mask[:, 1:]
-    nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none")
-    return (nll.view_as(m) * m).sum() / m.sum().clamp(min=1.0)
+    hidden = model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state  # (B, T, H)
+    sel = mask[:, 1:].bool()
+    logits = model.get_output_embeddings()(hidden[:, :-1][sel]).float()  # (N, vocab)
+    return F.cross_entropy(logits, ids[:, 1:][sel], reduction="mean")
 
 
 def train(model, demos: list[Demo], pad_id: int, steps: int, batch_size: int, lr: float, seed: int,

@@ -87,15 +87,15 @@ def test_masked_loss_matches_a_hand_computed_reference(demos, tokenizer):
 
 def test_sft_lowers_the_loss_and_the_result_is_cached(demos, client, synth_world, tmp_path):
     model, tok = load_model_and_tokenizer(MODEL)
-    losses = train(model, demos, tok.pad_token_id, steps=6, batch_size=4, lr=1e-3, seed=0,
+    losses = train(model, demos[:2], tok.pad_token_id, steps=4, batch_size=2, lr=1e-3, seed=0,
                    compute_dtype="float32", progress=False)
     assert losses[-1] < losses[0]
 
-    kw = dict(steps=2, batch_size=2, lr=1e-3, n_examples=4, seed=0, max_obs_length=OBS,
+    kw = dict(steps=1, batch_size=1, lr=1e-3, n_examples=2, seed=0, max_obs_length=OBS,
               max_tokens_per_turn=TURN, compute_dtype="float32", threads=1, cache_root=tmp_path,
               progress=False)
     path, meta = ensure_warmstart(MODEL, client, [synth_world / "train.parquet"], **kw)
-    assert (path / "config.json").is_file() and meta["n_demos"] == 4
+    assert (path / "config.json").is_file() and meta["n_demos"] == 2
     loaded, _ = load_model_and_tokenizer(str(path))  # an ordinary HF directory
     stamp = (path / "warmstart.json").stat().st_mtime_ns
     again, meta2 = ensure_warmstart(MODEL, client, [synth_world / "train.parquet"], **kw)
