@@ -307,11 +307,11 @@ class WarmstartConfig:
     # reference both start from the warm-started model.
     enabled: bool = True
     # SFT optimizer steps.
-    steps: int = 40
+    steps: int = 30
     # Demonstrations per step.
     batch_size: int = 4
     # AdamW learning rate (constant, no weight decay).
-    lr: float = 5.0e-5
+    lr: float = 1.0e-4
     # Demonstrations built from single-hop train questions (fewer if not enough qualify).
     n_examples: int = 96
     # Seed of demonstration choice, batch order and torch.

@@ -46,6 +46,7 @@ log = logging.getLogger("search_r1.trainer.warmstart")
 
 META_FILE = "warmstart.json"
 FORMAT_VERSION = 1
+MICRO_BATCH = 2  # rows per forward/backward: ~0.8 GB of activations each for SmolLM2 at ~300 tokens
 THINK_SEARCH = "<think> Look up {subject}. </think>\n<search> {query} </search>"
 THINK_ANSWER = "<think> The passages give the answer. </think>\n<answer> {answer} </answer>"
 
@@ -210,14 +211,22 @@ def train(model, demos: list[Demo], pad_id: int, steps: int, batch_size: int, lr
 
         it = tqdm(it, total=steps, desc="warm-start SFT", mininterval=5)
     for batch in it:
-        ids, attn, mask = collate(batch, pad_id)
-        with autocast:
-            loss = masked_sft_loss(model, ids, attn, mask)
+        # Micro-batches of MICRO_BATCH rows (activation memory), each weighted by its share of the
+        # batch's supervised tokens, so the gradient is the token mean over the whole batch.
+        total = sum(sum(d.loss_mask[1:]) for d in batch)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        step_loss = 0.0
+        for i in range(0, len(batch), MICRO_BATCH):
+            part = batch[i:i + MICRO_BATCH]
+            ids, attn, mask = collate(part, pad_id)
+            weight = sum(sum(d.loss_mask[1:]) for d in part) / total
+            with autocast:
+                loss = masked_sft_loss(model, ids, attn, mask) * weight
+            loss.backward()
+            step_loss += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        losses.append(float(loss.detach()))
+        losses.append(step_loss)
     model.eval()
     del opt
     return losses
