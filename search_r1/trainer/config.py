@@ -306,8 +306,9 @@ class WarmstartConfig:
     # never writes the tags gets a constant reward and GRPO learns nothing. The policy and the KL
     # reference both start from the warm-started model.
     enabled: bool = True
-    # SFT optimizer steps.
-    steps: int = 30
+    # SFT optimizer steps (6: the loss falls 2.0 -> ~0.1; 30 steps reach 0.002 and leave a policy so
+    # sure (entropy 0.003) that every GRPO group samples one answer and all advantages are 0).
+    steps: int = 6
     # Demonstrations per step.
     batch_size: int = 4
     # AdamW learning rate (constant, no weight decay).

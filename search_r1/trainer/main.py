@@ -163,19 +163,32 @@ def worker_spec(cfg: TrainConfig, model_path: str | None = None):
         micro_batch_size=t.micro_batch_size, use_ref=a.kl_coef > 0)
 
 
-def warm_start(cfg: TrainConfig, data: DataPaths, search_engine) -> str | None:
-    """Run (or reuse) the supervised format warm-start; the HF directory the workers load, or None."""
+def warm_start(cfg: TrainConfig, data: DataPaths, search_engine, url: str | None = None) -> str | None:
+    """Run (or reuse) the supervised format warm-start; the HF directory the workers load, or None.
+
+    With a retriever URL the SFT runs in a spawned child process, so its ~5 GB of optimizer state
+    and activations are returned to the OS before the Ray workers load (glibc keeps freed heap in
+    the driver otherwise); with an in-process search engine (tests) it runs here.
+    """
     w = cfg.warmstart
     if not w.enabled:
         return None
-    from search_r1.trainer.warmstart import ensure_warmstart
+    from search_r1.trainer.warmstart import ensure_warmstart, ensure_warmstart_with_url
 
-    path, _ = ensure_warmstart(
-        cfg.model.name, search_engine, list(data.train_files), steps=w.steps, batch_size=w.batch_size,
-        lr=w.lr, n_examples=w.n_examples, seed=w.seed, max_obs_length=cfg.rollout.max_obs_length,
-        max_tokens_per_turn=cfg.rollout.max_tokens_per_turn, protocol=cfg.data.protocol,
-        compute_dtype=cfg.model.compute_dtype, threads=cfg.trainer.threads_per_worker)
-    return str(path)
+    kwargs = dict(steps=w.steps, batch_size=w.batch_size, lr=w.lr, n_examples=w.n_examples, seed=w.seed,
+                  max_obs_length=cfg.rollout.max_obs_length, max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
+                  protocol=cfg.data.protocol, compute_dtype=cfg.model.compute_dtype,
+                  threads=cfg.trainer.threads_per_worker)
+    files = [str(f) for f in data.train_files]
+    if url is None:
+        return str(ensure_warmstart(cfg.model.name, search_engine, files, **kwargs)[0])
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    r = cfg.retriever
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(ensure_warmstart_with_url, cfg.model.name, url, r.topk, r.timeout, r.retries,
+                           files, kwargs).result()
 
 
 def load_tokenizer(name: str):
@@ -226,12 +239,13 @@ def run(cfg: TrainConfig, search_engine=None) -> dict:
     data = prepare_data(cfg)
 
     with contextlib.ExitStack() as stack:
+        url = None
         if search_engine is None:  # before anything slow: an unreachable retriever fails in seconds
             url = stack.enter_context(retriever_for_run(cfg, data, out))
             r = cfg.retriever
             search_engine = RetrieverClient(url, topk=r.topk, timeout=r.timeout, retries=r.retries)
         # Before Ray: the SFT has the cores to itself and its memory is freed before the workers load.
-        model_path = warm_start(cfg, data, search_engine)
+        model_path = warm_start(cfg, data, search_engine, url)
         tokenizer = load_tokenizer(cfg.model.name)
         train_ds = PromptDataset(list(data.train_files), tokenizer, cfg.data.max_prompt_length, cfg.data.protocol)
         val_ds = PromptDataset(list(data.test_files), tokenizer, cfg.data.max_prompt_length, cfg.data.protocol)

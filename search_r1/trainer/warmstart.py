@@ -304,6 +304,15 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
     return target, meta
 
 
+def ensure_warmstart_with_url(model_name: str, url: str, topk: int, timeout: float, retries: int,
+                              train_files, kwargs: dict) -> str:
+    """`ensure_warmstart` with its own retriever client (the entry of a spawned child process)."""
+    from search_r1.search import RetrieverClient
+
+    client = RetrieverClient(url, topk=topk, timeout=timeout, retries=retries)
+    return str(ensure_warmstart(model_name, client, train_files, **kwargs)[0])
+
+
 def _release_memory() -> None:
     import gc
 
