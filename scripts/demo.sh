@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job, end to end on CPU (run by `make demo`):
 #   1. generate the synthetic QA world and its BM25 index (first run only, ~1 minute),
-#   2. train SmolLM2-135M-Instruct with GRPO for ~20 steps (configs/grpo_cpu.yaml), searching through
+#   2. a short supervised format warm-start (search_r1/trainer/warmstart.py, ~1 min, cached under
+#      $SEARCH_R1_HOME/warmstart: the 135M model never writes the tags by itself, so GRPO would see a
+#      constant reward), then train it with GRPO for ~20 steps (configs/grpo_cpu.yaml), searching through
 #      the real retriever server, which the trainer starts on a free loopback port and stops after,
 #   3. print where the metrics, plot and checkpoint are, the reward curve and validation EM before/after.
 # Resources: 2 CPU cores, < 8 GB RAM, about 15-20 minutes. Extra arguments are Hydra overrides
