@@ -33,13 +33,14 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from search_r1.net import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from anywhere
@@ -130,12 +131,6 @@ def load_questions(world: Path, limit: int) -> list[Question]:
 
 
 # --- server -------------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class Server:
     """`python -m retriever_server serve` in a subprocess on a free loopback port."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from search_r1.rollout.backends import GenOutput, SamplingParams  # noqa: E402
 from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager  # noqa: E402
 from search_r1.rollout.tensor_helper import pad_ragged, strip_left_padding  # noqa: E402
 from search_r1.search.base import SearchEngine  # noqa: E402
+from search_r1.net import free_port  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -183,12 +183,6 @@ def bench_overhead(tok, batches, turns_list, groups, turn_tokens, repeats):
 
 
 # -- part 2 -----------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_retriever(workdir: Path):
     """Synthetic world + BM25 index + server subprocess; returns (process, url, test.jsonl path)."""
     py = sys.executable

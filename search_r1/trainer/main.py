@@ -18,13 +18,14 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from search_r1.net import free_port
+from search_r1.search.retriever_client import normalize_url
 from search_r1.trainer.config import AUTO, TrainConfig
 
 log = logging.getLogger("search_r1.trainer")
@@ -64,22 +65,11 @@ def prepare_data(cfg: TrainConfig) -> DataPaths:
 
 
 # -- retriever --------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def base_url(url: str) -> str:
-    url = url.rstrip("/")
-    return url[: -len("/retrieve")] if url.endswith("/retrieve") else url
-
-
 def check_retriever(url: str, timeout: float = 5.0) -> None:
     """GET /health and one tiny /retrieve; StartupError naming the URL and the fix if either fails."""
     import requests
 
-    base = base_url(url)
+    base = normalize_url(url).removesuffix("/retrieve")
     try:
         r = requests.get(base + "/health", timeout=timeout)
         r.raise_for_status()

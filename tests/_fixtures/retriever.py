@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,14 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from search_r1.net import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(extra: dict | None = None) -> dict:

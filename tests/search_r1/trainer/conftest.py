@@ -1,9 +1,10 @@
 """Fixtures of the trainer tests: one Ray session for the whole test session (Ray starts slowly on
 2 cores), and a PolicyWorker built in this process (no Ray) for fast math tests."""
 import os
-import socket
 
 import pytest
+
+from search_r1.net import free_port
 
 
 @pytest.fixture(scope="session")
@@ -23,12 +24,6 @@ def ray_session():
         ray.shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def local_worker_factory():
     """Build PolicyWorker(spec) in-process as rank 0 of 1 (verl's Worker reads these env vars)."""
@@ -37,7 +32,7 @@ def local_worker_factory():
     keys = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "WG_BACKEND", "LOCAL_RANK",
             "LOCAL_WORLD_SIZE", "REDIS_STORE_SERVER_HOST")
     saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update(WORLD_SIZE="1", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+    os.environ.update(WORLD_SIZE="1", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                       WG_BACKEND="ray")
 
     def make(spec):
