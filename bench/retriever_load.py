@@ -2,7 +2,7 @@
 
     python bench/retriever_load.py                       # full run: BM25 100k + 1M, dense fp32 + int8 at 100k
     python bench/retriever_load.py --sizes 100k --kinds bm25 --duration 10
-    python bench/retriever_load.py --dense-sizes 10k --faiss-probe-size 100k --server-threads 1   # busy machine
+    python bench/retriever_load.py --dense-sizes 10k --faiss-probe-size 100k   # quicker: no 100k dense build
 
 For each configuration it starts `python -m retriever_server serve` on a free loopback port and drives
 it with C threads (persistent HTTP/1.1 connections, request bodies prepared in advance, responses
@@ -10,8 +10,9 @@ parsed only after each timed window, so the load generator costs little of the c
 the server). It reports queries/s, per-request p50/p95/p99 latency, errors, recall@3 against the gold
 passages of single-hop questions, the server's CPU use and RSS. The ceiling beside each served figure
 is the server's own search code run in this process without HTTP: for dense, the query encoder alone
-(same model, quantization, batch size and thread count as the server: the target's ceiling); for
-BM25, BM25Searcher.search. The opt-in int8 encoder (`serve --quantize int8`) is compared with fp32 in
+(same model and quantization), in the better of two layouts measured side by side: one batch of all
+B*C queries on every core's thread, or one single-threaded batch per core running at once (the
+target's ceiling); for BM25, BM25Searcher.search. The opt-in int8 encoder (`serve --quantize int8`) is compared with fp32 in
 throughput and recall@3.
 
 On a machine shared with other work the available CPU changes from second to second, so each
@@ -336,23 +337,56 @@ def run_load(port: int, questions: list[Question], batch: int, clients: int, dur
 
 # --- ceilings: the server's own search code in this process, no HTTP -------------------------------
 
+def _set_threads(n: int) -> None:
+    import faiss
+    import torch
+    torch.set_num_threads(n)
+    faiss.omp_set_num_threads(n)
+
+
 class Ceiling:
     """Throughput of `step(batch_texts)` measured in slices that interleave with the served load, so
-    that both see the same contention from other processes on a shared machine."""
+    that both see the same contention from other processes on a shared machine. `streams` threads
+    call `step` at once (each on its own batches), with `threads` torch/faiss threads each."""
 
-    def __init__(self, step, questions: list[Question], batch_size: int):
-        self.step, self.batch_size = step, batch_size
+    def __init__(self, step, questions: list[Question], batch_size: int, streams: int = 1,
+                 threads: int | None = None):
+        self.step, self.batch_size, self.streams, self.threads = step, batch_size, streams, threads
         self.texts = [q.text for q in questions]
         self.done, self.wall, self.cpu, self._i = 0, 0.0, 0.0, 0
+        self._lock = threading.Lock()
+        if threads:
+            _set_threads(threads)
         self.last = step(self.texts[:batch_size])  # warm-up: first call allocates and picks kernels
 
+    @property
+    def layout(self) -> str:
+        return f"{self.streams} x {self.threads or 1} thread(s), batch {self.batch_size}"
+
+    def _next_chunk(self) -> list[str]:
+        with self._lock:
+            i, self._i = self._i, self._i + self.batch_size
+        return [self.texts[(i + j) % len(self.texts)] for j in range(self.batch_size)]
+
     def measure(self, seconds: float) -> None:
+        if self.threads:
+            _set_threads(self.threads)
         t0, c0 = time.perf_counter(), time.process_time()
-        while time.perf_counter() - t0 < seconds:
-            chunk = [self.texts[(self._i + j) % len(self.texts)] for j in range(self.batch_size)]
-            self.last = self.step(chunk)
-            self.done += len(chunk)
-            self._i += self.batch_size
+
+        def stream() -> None:
+            while time.perf_counter() - t0 < seconds:
+                self.last = self.step(self._next_chunk())
+                with self._lock:
+                    self.done += self.batch_size
+
+        if self.streams == 1:
+            stream()
+        else:
+            pool = [threading.Thread(target=stream) for _ in range(self.streams)]
+            for t in pool:
+                t.start()
+            for t in pool:
+                t.join()
         self.wall += time.perf_counter() - t0
         self.cpu += time.process_time() - c0
 
@@ -365,21 +399,21 @@ class Ceiling:
         return self.done / max(self.cpu, 1e-9)
 
 
-def encoder_ceiling(index_dir: Path, questions: list[Question], batch_size: int, threads: int,
-                    quantize: str) -> tuple[Ceiling, object]:
-    """The server's QueryEncoder (same model, max length, quantization, threads) encoding batches of
-    `batch_size` bench questions: no HTTP, no faiss. Returns the ceiling and the encoder."""
-    import faiss
-    import torch
-
+def encoder_ceilings(index_dir: Path, questions: list[Question], batch_size: int,
+                     quantize: str) -> list[Ceiling]:
+    """The server's QueryEncoder (same model, max length, quantization) encoding bench questions, no
+    HTTP, no faiss, in two layouts: one stream of `batch_size`-query batches on all cores' threads,
+    and one single-threaded stream per core with batches of batch_size / cores (what each of the
+    server's per-core search threads gets when every client waits). The better one is the ceiling."""
     from retriever_server.dense_index import QueryEncoder, resolve_model
 
     params = json.loads((index_dir / "manifest.json").read_text()).get("params", {})
-    torch.set_num_threads(threads)
-    faiss.omp_set_num_threads(threads)
     enc = QueryEncoder(resolve_model(params.get("model_path")), quantize=quantize,
                        max_seq_length=params.get("max_seq_length"))
-    return Ceiling(lambda texts: enc.encode(texts, batch_size), questions, batch_size), enc
+    cpus = os.cpu_count() or 1
+    step = lambda texts: enc.encode(texts, len(texts))  # noqa: E731
+    layouts = [(1, cpus, batch_size)] + ([(cpus, 1, max(1, batch_size // cpus))] if cpus > 1 else [])
+    return [Ceiling(step, questions, b, streams=n, threads=t) for n, t, b in layouts]
 
 
 def bm25_ceiling(index_dir: Path, questions: list[Question], batch_size: int) -> Ceiling:
@@ -397,8 +431,9 @@ def faiss_costs(index_dir: Path, queries_emb, probe_size: int = 0) -> dict:
     import faiss
     import numpy as np
 
-    from retriever_server.dense_index import FAISS_FILE
+    from retriever_server.dense_index import FAISS_FILE, configure_faiss
 
+    configure_faiss()  # the server's faiss settings (BLAS path for batched Flat search)
     index = faiss.read_index(str(index_dir / FAISS_FILE))
     out = {"faiss_ms_per_batch": _time_ms(lambda: index.search(queries_emb, 3))}
     if probe_size:
@@ -440,7 +475,7 @@ def render_table(rows: list[Row], args, notes: list[str]) -> str:
             "| % of ceiling: wall / CPU | target | met |")
     lines = [f"Retriever load, B={args.batch_size} queries/request, C={args.concurrency} clients, "
              f"{args.duration:g} s of measured load per server in {args.rounds} segments (each after "
-             f"{args.warmup:g} s of warm-up), server threads {args.server_threads}, "
+             f"{args.warmup:g} s of warm-up), server threads (dense) {args.server_threads_seen}, "
              f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')} (inherited by the server), "
              f"{os.cpu_count()} CPU cores shared by server and load generator (1-min load average "
              f"{args.load_before:.1f} before the run, {os.getloadavg()[0]:.1f} after: other work on the machine "
@@ -503,10 +538,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--faiss-probe-size", default="",
                    help="also time an exact faiss search over this many random vectors (a size from the "
                         "--sizes list, e.g. 100k) to estimate a bigger dense corpus without building it")
-    p.add_argument("--server-threads", type=int, default=os.cpu_count(),
-                   help="the server's --torch-threads and --faiss-threads, and the thread count of the raw "
-                        "encoder measurement (on a machine busy with other work, 1 avoids OpenMP "
-                        "oversubscription)")
     p.add_argument("--questions", type=int, default=20_000, help="most single-hop questions in the query pool")
     p.add_argument("--serve-args", default="",
                    help="extra arguments for every `retriever_server serve` (e.g. \"--batch-window-ms 5\")")
@@ -535,7 +566,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     for k in args.kinds:
         if k not in KINDS:
             p.error(f"--kinds {k!r} unknown; allowed kinds are {list(KINDS)}")
-    for name in ("batch_size", "concurrency", "encoder_batch", "server_threads", "questions", "rounds"):
+    for name in ("batch_size", "concurrency", "encoder_batch", "questions", "rounds"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.duration <= 0 or args.warmup < 0:
@@ -560,12 +591,12 @@ class ServedIndex:
     """One running server and the load measured against it, segment by segment."""
 
     def __init__(self, args, label: str, index_dir: Path, extra: list[str]):
-        threads = ["--torch-threads", str(args.server_threads), "--faiss-threads", str(args.server_threads)]
         self.args, self.label = args, label
-        self.server = Server([index_dir], threads + extra + args.serve_args.split(),
+        self.server = Server([index_dir], extra + args.serve_args.split(),
                              args.cache_dir / f"server_{label}.log", args.startup_timeout)
         self.load = LoadResult()
         self.rss_mb, self.batching = 0.0, {}
+        self.threads = self.server.health().get("threads", {})  # workers, torch, faiss as resolved
 
     def segment(self, questions: list[Question], seconds: float, offset: int) -> None:
         """C clients for warm-up + `seconds`, accounting server and load-generator CPU time."""
@@ -623,47 +654,55 @@ def run_bm25(args, size: str, index_dir: Path, passages: int, questions: list[Qu
 def run_dense(args, size: str, index_dir: Path, passages: int, questions: list[Question],
               notes: list[str]) -> list[Row]:
     """fp32 and (opt-in) int8 servers running side by side, idle when not loaded; each round loads
-    one, measures its encoder ceiling, then the other, so all four numbers share the same contention."""
-    # The batch the server encodes when every client is waiting: all B*C queries, capped at max_batch.
+    one, measures its encoder ceilings, then the other, so all the numbers share the same contention."""
     variants = [("fp32", "none", [])] + ([("int8", "int8", ["--quantize", "int8"])] if args.int8 else [])
-    served, ceilings, encoders = {}, {}, {}
+    served: dict[str, ServedIndex] = {}
+    layouts: dict[str, list[Ceiling]] = {}
     seg = args.duration / args.rounds
     try:
         for name, _, extra in variants:
             served[name] = ServedIndex(args, f"dense_{size}_{name}", index_dir, extra)
+        t = served["fp32"].threads
+        args.server_threads_seen = (f"{t.get('workers')} search thread(s) x {t.get('torch')} torch thread(s)"
+                                    if t else "unknown")
+        # The batch the server encodes when every client is waiting: all B*C queries, capped at max_batch.
         max_batch = served["fp32"].server.health()["batching"].get("max_batch", 256)
         enc_batch = args.encoder_batch or min(args.batch_size * args.concurrency, max_batch)
         if args.ceiling:
             for name, quantize, _ in variants:
-                ceilings[name], encoders[name] = encoder_ceiling(index_dir, questions, enc_batch,
-                                                                 args.server_threads, quantize)
+                layouts[name] = encoder_ceilings(index_dir, questions, enc_batch, quantize)
         for rnd in range(args.rounds):
             for name, _, _ in variants:
                 served[name].segment(questions, seg, offset=rnd * 7919)
-                if args.ceiling:
-                    ceilings[name].measure(seg / 2)
+                for ceiling in layouts.get(name, []):
+                    ceiling.measure(seg / 2 / len(layouts[name]))
     finally:
         for s in served.values():
             s.finish()
+    best = {name: max(cs, key=lambda c: c.qps) for name, cs in layouts.items()}
     rows = []
     for name, _, _ in variants:
         row = served[name].row("dense", passages, f"MiniLM {name}")
-        row.ceiling = ceilings.get(name)
+        row.ceiling = best.get(name)
         rows.append(row)
+        if name in layouts:
+            notes.append(f"dense {size} {name} raw encoder (the ceiling is the better layout): " + "; ".join(
+                f"{c.layout}: {c.qps:,.0f} q/s" for c in layouts[name]))
     fp32 = rows[0]
     if args.ceiling:
         fp32.target = ">= 80% of ceiling, 0 errors"
         fp32.met = fp32.load.queries_per_s >= 0.8 * fp32.ceiling.qps and not fp32.load.errors
         probe = SIZES[args.faiss_probe_size] if args.faiss_probe_size else 0
-        cost = faiss_costs(index_dir, ceilings["fp32"].last, probe)
-        note = (f"dense {size} fp32 without the server, per batch of {enc_batch} queries: encode "
-                f"{1e3 * enc_batch / ceilings['fp32'].qps:.0f} ms, faiss Flat search over {passages:,} "
+        one = layouts["fp32"][0]  # the single-stream layout: one batch of enc_batch queries, all cores
+        _set_threads(one.threads or 1)
+        cost = faiss_costs(index_dir, one.last, probe)
+        note = (f"dense {size} fp32 without the server, per batch of {enc_batch} queries on {one.threads} "
+                f"thread(s): encode {1e3 * enc_batch / one.qps:.0f} ms, faiss Flat search over {passages:,} "
                 f"passages {cost['faiss_ms_per_batch']:.1f} ms")
         if probe:
             note += (f"; Flat search over {probe:,} random vectors (what a {args.faiss_probe_size} corpus "
                      f"would cost) {cost['probe_faiss_ms_per_batch']:.1f} ms")
-        notes.append(note + f" (encoder ceiling: the server's QueryEncoder, {args.server_threads} torch "
-                            "thread(s), same questions, no HTTP, no faiss)")
+        notes.append(note)
     if args.int8:
         q8 = rows[1]
         speedup = q8.load.queries_per_s / max(fp32.load.queries_per_s, 1e-9)
@@ -674,7 +713,7 @@ def run_dense(args, size: str, index_dir: Path, passages: int, questions: list[Q
                 f"{q8.load.cpu['server_q_per_cpu_s'] / max(fp32.load.cpu['server_q_per_cpu_s'], 1e-9):.2f}x), "
                 f"recall@3 difference {drecall:+.1f} points")
         if args.ceiling:
-            note += f"; raw encoder int8 / fp32 {ceilings['int8'].qps / ceilings['fp32'].qps:.2f}x"
+            note += f"; raw encoder (best layouts) int8 / fp32 {best['int8'].qps / best['fp32'].qps:.2f}x"
         notes.append(note)
     return rows
 
@@ -682,6 +721,7 @@ def run_dense(args, size: str, index_dir: Path, passages: int, questions: list[Q
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.load_before = os.getloadavg()[0]
+    args.server_threads_seen = "default"
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

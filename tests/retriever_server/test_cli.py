@@ -19,7 +19,8 @@ def test_help_explains_every_flag():
     assert serve.returncode == 0
     for flag in ("--index", "--host", "--port", "--api-key", "--topk", "--max-topk", "--max-queries",
                  "--max-query-chars", "--max-body-bytes", "--max-ids", "--batch-window-ms", "--max-batch",
-                 "--workers", "--torch-threads", "--faiss-threads", "--quantize", "--rrf-k", "--rrf-depth"):
+                 "--workers", "--torch-threads", "--faiss-threads", "--quantize", "--flat-search", "--rrf-k",
+                 "--rrf-depth"):
         assert flag in serve.stdout, flag
     build = run("build", "--help")
     for flag in ("--corpus", "--kind", "--out", "--model", "--faiss", "--hnsw-m", "--ivf-nlist", "--force"):
@@ -29,7 +30,25 @@ def test_help_explains_every_flag():
 def test_serve_defaults():
     args = build_parser().parse_args(["serve"])
     assert args.host == "127.0.0.1" and args.port == 8000 and args.topk == 3 and args.rrf_k == 60
-    assert args.index == [] and args.quantize == "none"
+    assert args.index == [] and args.quantize == "none" and args.flat_search == "auto"
+    assert args.workers == args.torch_threads == args.faiss_threads == "auto"
+
+
+def test_auto_parallelism(monkeypatch):
+    """Dense: one single-threaded batch per CPU in flight; BM25: one batch; explicit flags win."""
+    from retriever_server.__main__ import resolve_parallelism
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    parse = lambda *a: build_parser().parse_args(["serve", *a])  # noqa: E731
+    for kinds, flags, want in [
+            (["dense"], [], (4, 1, 1)),
+            (["bm25", "dense"], [], (4, 1, 1)),
+            (["bm25"], [], (1, 4, 4)),
+            (["dense"], ["--processes", "2"], (2, 1, 1)),
+            (["dense"], ["--workers", "1"], (1, 4, 4)),
+            (["dense"], ["--workers", "2", "--torch-threads", "3"], (2, 3, 2))]:
+        args = parse(*flags)
+        resolve_parallelism(args, kinds)
+        assert (args.workers, args.torch_threads, args.faiss_threads) == want, (kinds, flags)
 
 
 def test_build_errors_are_one_clear_line(tmp_path, retriever_server):
