@@ -89,3 +89,21 @@ def test_no_arguments_builds_and_serves_the_default_corpus(tmp_path):
     finally:
         handle.stop()
         log.close()
+
+
+def test_default_index_is_rebuilt_when_the_default_corpus_changes(monkeypatch, tmp_path):
+    """A regenerated default world (another seed, another size) must not be served by the old index."""
+    from retriever_server.__main__ import ensure_default_index
+    from retriever_server.manifest import file_sha256, read_manifest
+    monkeypatch.setenv("SEARCH_R1_HOME", str(tmp_path))
+    index_dir = ensure_default_index()
+    corpus = default_synth_dir() / "corpus.jsonl"
+    assert read_manifest(index_dir).corpus_sha256 == file_sha256(corpus)
+    stamp = (index_dir / "manifest.json").stat().st_mtime_ns
+    assert ensure_default_index() == index_dir
+    assert (index_dir / "manifest.json").stat().st_mtime_ns == stamp  # same corpus: reused, not rebuilt
+    lines = corpus.read_text().splitlines()
+    corpus.write_text("\n".join(lines[: len(lines) // 2]) + "\n")
+    ensure_default_index()
+    rebuilt = read_manifest(index_dir)
+    assert rebuilt.corpus_sha256 == file_sha256(corpus) and rebuilt.corpus_size == len(lines) // 2
