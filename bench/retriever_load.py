@@ -426,23 +426,33 @@ def bm25_ceiling(index_dir: Path, questions: list[Question], batch_size: int) ->
 
 
 def faiss_costs(index_dir: Path, queries_emb, probe_size: int = 0) -> dict:
-    """ms per batch of the real index's search, and of an exact (Flat) search over `probe_size`
-    random unit vectors: what a corpus of that size would add when no such index was built."""
+    """ms per batch of the real index's search, faiss fp32 and (on CPUs with native bf16) the server's
+    bf16-screened exact search, and the same over `probe_size` random unit vectors: what a corpus of
+    that size would add when no such index was built."""
     import faiss
     import numpy as np
 
     from retriever_server.dense_index import FAISS_FILE, configure_faiss
+    from retriever_server.flat_bf16 import Bf16FlatScreen, cpu_has_native_bf16
 
     configure_faiss()  # the server's faiss settings (BLAS path for batched Flat search)
-    index = faiss.read_index(str(index_dir / FAISS_FILE))
-    out = {"faiss_ms_per_batch": _time_ms(lambda: index.search(queries_emb, 3))}
+
+    def timings(index) -> dict:
+        out = {"faiss": _time_ms(lambda: index.search(queries_emb, 3))}
+        if cpu_has_native_bf16() and isinstance(index, faiss.IndexFlat):
+            xb = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
+            screen = Bf16FlatScreen(np.asarray(xb).reshape(index.ntotal, index.d))
+            out["bf16"] = _time_ms(lambda: screen.search(queries_emb, 3))
+        return out
+
+    out = {"index": timings(faiss.read_index(str(index_dir / FAISS_FILE)))}
     if probe_size:
         rng = np.random.default_rng(0)
         probe = faiss.IndexFlatIP(queries_emb.shape[1])
         for start in range(0, probe_size, 100_000):  # add in slices: bounded temporary memory
             x = rng.standard_normal((min(100_000, probe_size - start), queries_emb.shape[1]), dtype=np.float32)
             probe.add(x / np.linalg.norm(x, axis=1, keepdims=True))
-        out["probe_faiss_ms_per_batch"] = _time_ms(lambda: probe.search(queries_emb, 3))
+        out["probe"] = timings(probe)
     return out
 
 
@@ -596,7 +606,9 @@ class ServedIndex:
                              args.cache_dir / f"server_{label}.log", args.startup_timeout)
         self.load = LoadResult()
         self.rss_mb, self.batching = 0.0, {}
-        self.threads = self.server.health().get("threads", {})  # workers, torch, faiss as resolved
+        health = self.server.health()
+        self.threads = health.get("threads", {})  # workers, torch, faiss as resolved
+        self.flat_search = (health.get("indexes") or [{}])[0].get("flat_search", "faiss")
 
     def segment(self, questions: list[Question], seconds: float, offset: int) -> None:
         """C clients for warm-up + `seconds`, accounting server and load-generator CPU time."""
@@ -696,12 +708,14 @@ def run_dense(args, size: str, index_dir: Path, passages: int, questions: list[Q
         one = layouts["fp32"][0]  # the single-stream layout: one batch of enc_batch queries, all cores
         _set_threads(one.threads or 1)
         cost = faiss_costs(index_dir, one.last, probe)
+        fmt = lambda c: " / ".join(f"{name} {ms:.1f} ms" for name, ms in c.items())  # noqa: E731
         note = (f"dense {size} fp32 without the server, per batch of {enc_batch} queries on {one.threads} "
-                f"thread(s): encode {1e3 * enc_batch / one.qps:.0f} ms, faiss Flat search over {passages:,} "
-                f"passages {cost['faiss_ms_per_batch']:.1f} ms")
+                f"thread(s): encode {1e3 * enc_batch / one.qps:.0f} ms; Flat search over {passages:,} "
+                f"passages: {fmt(cost['index'])}")
         if probe:
-            note += (f"; Flat search over {probe:,} random vectors (what a {args.faiss_probe_size} corpus "
-                     f"would cost) {cost['probe_faiss_ms_per_batch']:.1f} ms")
+            note += (f"; over {probe:,} random vectors (what a {args.faiss_probe_size} corpus would cost): "
+                     f"{fmt(cost['probe'])}")
+        note += f" (the server searches with {served['fp32'].flat_search})"
         notes.append(note)
     if args.int8:
         q8 = rows[1]
