@@ -41,11 +41,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from search_r1.net import free_port
-
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
+
+from retriever_server.launcher import ServerProcess, ServerStartError  # noqa: E402
 
 SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}
 KINDS = ("bm25", "dense")
@@ -134,46 +134,20 @@ def load_questions(world: Path, limit: int) -> list[Question]:
 # --- server -------------------------------------------------------------------------------------
 
 class Server:
-    """`python -m retriever_server serve` in a subprocess on a free loopback port."""
+    """A served index for the benchmark: the shared launcher (retriever_server.launcher) plus RSS."""
 
     def __init__(self, index_dirs: list[Path], extra: list[str], log_path: Path, startup_timeout: float):
-        self.port = free_port()
-        cmd = [sys.executable, "-m", "retriever_server", "serve", "--host", "127.0.0.1",
-               "--port", str(self.port)]
-        for d in index_dirs:
-            cmd += ["--index", str(d)]
-        cmd += extra
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        print(f"[bench] starting server: {' '.join(cmd)}", file=sys.stderr, flush=True)
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
-        self._wait(startup_timeout)
-
-    def _wait(self, timeout: float) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server exited with {self.proc.returncode}; log: {self.log_path}\n"
-                                 + self.log_path.read_text()[-3000:])
-            try:
-                self.health()
-                return
-            except OSError:
-                time.sleep(0.3)
-        self.stop()
-        raise SystemExit(f"server not healthy after {timeout:.0f}s; log: {self.log_path}")
+        self.process = ServerProcess(index_dirs, log_path, flags=extra, cwd=REPO)
+        log_path.write_text("")  # one run per log file
+        print(f"[bench] starting server: {' '.join(self.process.command)}", file=sys.stderr, flush=True)
+        try:
+            self.process.start(timeout=startup_timeout)
+        except ServerStartError as exc:
+            raise SystemExit(str(exc)) from None
+        self.port, self.proc = self.process.port, self.process.proc
 
     def health(self) -> dict:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-        try:
-            conn.request("GET", "/health")
-            resp = conn.getresponse()
-            body = resp.read()
-            if resp.status != 200:
-                raise OSError(f"/health returned {resp.status}")
-            return json.loads(body)
-        finally:
-            conn.close()
+        return self.process.health()
 
     def rss_mb(self) -> float:
         """Resident memory of the server process and its children (worker processes)."""
@@ -184,14 +158,7 @@ class Server:
         return sum(q.memory_info().rss for q in procs if q.is_running()) / 2**20
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+        self.process.stop()
 
 
 # --- load generator -----------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from search_r1.rollout.backends import GenOutput, SamplingParams  # noqa: E402
 from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager  # noqa: E402
 from search_r1.rollout.tensor_helper import pad_ragged, strip_left_padding  # noqa: E402
 from search_r1.search.base import SearchEngine  # noqa: E402
-from search_r1.net import free_port  # noqa: E402
+from retriever_server.launcher import ServerProcess  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -184,7 +184,7 @@ def bench_overhead(tok, batches, turns_list, groups, turn_tokens, repeats):
 
 # -- part 2 -----------------------------------------------------------------------------------------
 def start_retriever(workdir: Path):
-    """Synthetic world + BM25 index + server subprocess; returns (process, url, test.jsonl path)."""
+    """Synthetic world + BM25 index + server subprocess; returns (ServerProcess, url, test.jsonl path)."""
     py = sys.executable
     world = workdir / "world"
     subprocess.run([py, "-m", "search_r1.data.synth", "--out", str(world), "--seed", "0", "--n-entities", "120"],
@@ -192,23 +192,8 @@ def start_retriever(workdir: Path):
     index = workdir / "bm25"
     subprocess.run([py, "-m", "retriever_server", "build", "--corpus", str(world / "corpus.jsonl"),
                     "--kind", "bm25", "--out", str(index)], check=True, stdout=subprocess.DEVNULL)
-    port = free_port()
-    proc = subprocess.Popen([py, "-m", "retriever_server", "serve", "--index", str(index),
-                             "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import requests
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if requests.get(base + "/health", timeout=1).ok:
-                return proc, base + "/retrieve", world / "test.jsonl"
-        except requests.RequestException:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError("retriever server exited during startup")
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("retriever server did not become healthy in 60 s")
+    server = ServerProcess([index], workdir / "retriever.log").start(timeout=60)
+    return server, server.url, world / "test.jsonl"
 
 
 def bench_real(n: int, max_turns: int, tokens_per_turn: int, threads: int, one_shot: bool):
@@ -220,7 +205,7 @@ def bench_real(n: int, max_turns: int, tokens_per_turn: int, threads: int, one_s
 
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="rollout_bench_") as tmp:
-        proc, url, test_path = start_retriever(Path(tmp))
+        server, url, test_path = start_retriever(Path(tmp))
         try:
             model, tok = load_model_and_tokenizer("smollm2-135m-instruct")
             model.eval()
@@ -233,8 +218,7 @@ def bench_real(n: int, max_turns: int, tokens_per_turn: int, threads: int, one_s
             mgr = LLMGenerationManager(tok, HFGenerator(model, tok, batch_size=n), cfg, RetrieverClient(url, topk=3))
             out = mgr.run_llm_loop(batch)
         finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+            server.stop()
     rs, t, m = out.meta_info["rollout_stats"], out.meta_info["timing"], out.meta_info
     print(f"\nPart 2: SmolLM2-135M-Instruct, {n} trajectories, max_turns {max_turns}, "
           f"{tokens_per_turn} tokens/turn cap, real BM25 retriever, {threads} torch threads, "

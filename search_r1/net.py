@@ -1,12 +1,8 @@
 """Small networking helpers shared by the trainer, the benchmarks and the tests."""
 from __future__ import annotations
 
-import socket
+# One implementation, kept in the retriever service's launcher (the service imports nothing from
+# search_r1, so it cannot live here).
+from retriever_server.launcher import free_port
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (the OS picks it; a race with other binders is
-    possible but harmless for loopback test and run-local servers)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["free_port"]

@@ -20,11 +20,10 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from search_r1.net import free_port
+from retriever_server.launcher import ServerProcess, ServerStartError
 from search_r1.search.retriever_client import normalize_url
 from search_r1.trainer.config import AUTO, TrainConfig
 
@@ -95,37 +94,17 @@ def retriever_for_run(cfg: TrainConfig, data: DataPaths, log_dir: Path):
         print(f"[trainer] building the BM25 index {index} ...", flush=True)
         subprocess.run([sys.executable, "-m", "retriever_server", "build", "--corpus", str(data.corpus),
                         "--kind", "bm25", "--out", str(index), "--force"], check=True)
-    port = free_port()
-    log_dir.mkdir(parents=True, exist_ok=True)
-    err = open(log_dir / "retriever.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "retriever_server", "serve", "--index", str(index),
-                             "--host", "127.0.0.1", "--port", str(port), "--torch-threads", "1",
-                             "--faiss-threads", "1"], stdout=err, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/retrieve"
+    server = ServerProcess([index], log_dir / "retriever.log", flags=["--torch-threads", "1", "--faiss-threads", "1"])
     try:
-        deadline = time.monotonic() + cfg.retriever.startup_timeout
-        while True:
-            if proc.poll() is not None:
-                raise StartupError(f"the retriever server exited with code {proc.returncode}; see "
-                                   f"{log_dir / 'retriever.log'}")
-            try:
-                check_retriever(url, timeout=2.0)
-                break
-            except StartupError:
-                if time.monotonic() > deadline:
-                    raise StartupError(f"the retriever server did not answer on {url} within "
-                                       f"{cfg.retriever.startup_timeout}s; see {log_dir / 'retriever.log'} "
-                                       f"(raise retriever.startup_timeout on a busy machine)") from None
-                time.sleep(0.5)
-        print(f"[trainer] retriever serving {index} at {url}", flush=True)
-        yield url
+        server.start(timeout=cfg.retriever.startup_timeout)
+    except ServerStartError as exc:
+        raise StartupError(f"{exc}\n(raise retriever.startup_timeout on a busy machine)") from None
+    try:
+        check_retriever(server.url)
+        print(f"[trainer] retriever serving {index} at {server.url}", flush=True)
+        yield server.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        err.close()
+        server.stop()
 
 
 # -- run --------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
   that need their own server (other limits, auth, a server to kill): flags are `serve` options with
   underscores (`max_queries=4` -> `--max-queries 4`, `True` -> bare flag). Returns a started handle
   with `.url`, `.base_url`, `.stop()`, `.restart()` (same port); every server is stopped after the test.
+  Handles are `retriever_server.launcher.ServerProcess`es, the launcher the trainer and benches use.
 - `build_retriever_index(corpus, kind, out, **flags)`: runs `python -m retriever_server build`.
 """
 from __future__ import annotations
@@ -15,16 +16,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from search_r1.net import free_port
+from retriever_server.launcher import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
-STARTUP_TIMEOUT_S = 120.0
 
 
 def _env(extra: dict | None = None) -> dict:
@@ -63,85 +61,19 @@ def build_retriever_index(corpus, kind: str, out, **flags) -> Path:
     return Path(out)
 
 
-@dataclass
-class RetrieverHandle:
-    """A `python -m retriever_server serve` subprocess on 127.0.0.1:port."""
-    index_dirs: list
-    log_path: Path
-    flags: dict = field(default_factory=dict)
-    env: dict | None = None
-    port: int = field(default_factory=free_port)
-    corpus_path: Path | None = None
-    proc: subprocess.Popen | None = None
+class RetrieverHandle(ServerProcess):
+    """The shared launcher (retriever_server.launcher) with test conveniences: serve flags as a dict,
+    one torch/faiss thread unless told otherwise, the repo on PYTHONPATH, `.index_dir`, `.corpus_path`."""
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return self.base_url + "/retrieve"
+    def __init__(self, index_dirs, log_path, flags: dict | None = None, env: dict | None = None,
+                 corpus_path: Path | None = None):
+        super().__init__(index_dirs, log_path, _flags({"torch_threads": 1, "faiss_threads": 1, **(flags or {})}),
+                         env=_env(env), cwd=REPO)
+        self.corpus_path = corpus_path
 
     @property
     def index_dir(self) -> Path:
         return Path(self.index_dirs[0])
-
-    @property
-    def command(self) -> list[str]:
-        flags = {"torch_threads": 1, "faiss_threads": 1, **self.flags}
-        return [sys.executable, "-m", "retriever_server", "serve",
-                *[a for d in self.index_dirs for a in ("--index", str(d))],
-                "--port", str(self.port), *_flags(flags)]
-
-    def launch(self) -> "RetrieverHandle":
-        """Start the subprocess without waiting (see `wait_healthy`); lets tests start several at once."""
-        log = open(self.log_path, "ab")
-        log.write(f"\n$ {' '.join(self.command)}\n".encode())
-        log.flush()
-        self.proc = subprocess.Popen(self.command, cwd=REPO, env=_env(self.env), stdout=log,
-                                     stderr=subprocess.STDOUT)
-        log.close()
-        return self
-
-    def wait_healthy(self, timeout: float = STARTUP_TIMEOUT_S) -> "RetrieverHandle":
-        import requests
-
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"retriever exited with {self.proc.returncode}; log {self.log_path}:\n"
-                                   + self.log_path.read_text()[-3000:])
-            try:
-                if requests.get(self.base_url + "/health", timeout=1).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise TimeoutError(f"retriever not healthy after {timeout}s; log {self.log_path}:\n"
-                           + self.log_path.read_text()[-3000:])
-
-    def start(self, timeout: float = STARTUP_TIMEOUT_S) -> "RetrieverHandle":
-        return self.launch().wait_healthy(timeout)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def restart(self) -> "RetrieverHandle":
-        """Stop and start again on the same port (uvicorn sets SO_REUSEADDR)."""
-        self.stop()
-        return self.start()
-
-    def health(self) -> dict:
-        import requests
-        return requests.get(self.base_url + "/health", timeout=5).json()
 
 
 @pytest.fixture(scope="session")

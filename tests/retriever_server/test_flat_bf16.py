@@ -1,7 +1,5 @@
 """The bf16-screened exact Flat search: same top-k as an fp64 brute force, and a certificate that
 flags the near-ties the bf16 screen cannot decide (those queries go to faiss's fp32 search)."""
-import json
-
 import numpy as np
 import pytest
 
