@@ -121,7 +121,7 @@ class RetrieverConfig:
     # Retriever URL (base or .../retrieve); `auto` = start `python -m retriever_server serve` on a
     # free 127.0.0.1 port for this run and stop it afterwards.
     url: str = AUTO
-    # Index directory served when url is `auto`; empty = <data dir>/bm25 (built if missing).
+    # Index directory served when url is `auto`; empty = <data dir>/index_bm25 (built if missing).
     index: str = ""
     # Passages per search.
     topk: int = 3

@@ -103,3 +103,33 @@ def test_missing_data_file_at_startup(tmp_path):
     (tmp_path / "test.parquet").unlink()  # removed after validation: caught again at startup
     with pytest.raises(StartupError, match="test.parquet does not exist"):
         prepare_data(cfg)
+
+
+def test_auto_retriever_serves_for_the_run_and_stops(synth_world, retriever_server, tmp_path):
+    import requests
+
+    from search_r1.trainer.config import TrainConfig
+    from search_r1.trainer.main import DataPaths, retriever_for_run
+
+    cfg = TrainConfig.from_dict({"retriever": {"url": "auto", "index": str(retriever_server.index_dir)}})
+    data = DataPaths(Path(synth_world), (), (), Path(synth_world) / "corpus.jsonl")
+    with retriever_for_run(cfg, data, tmp_path) as url:
+        assert url != retriever_server.url
+        r = requests.post(url, json={"queries": ["who founded the city"], "topk": 2}, timeout=30)
+        assert r.status_code == 200 and len(r.json()["result"][0]) == 2
+    with pytest.raises(requests.ConnectionError):  # stopped with the run
+        requests.post(url, json={"queries": ["x"]}, timeout=5)
+
+
+def test_auto_retriever_that_cannot_start_names_its_log(tmp_path):
+    from search_r1.trainer.config import TrainConfig
+    from search_r1.trainer.main import DataPaths, retriever_for_run
+
+    bad = tmp_path / "index"
+    bad.mkdir()
+    (bad / "manifest.json").write_text('{"kind": "bm25", "format_version": 999}')
+    cfg = TrainConfig.from_dict({"retriever": {"url": "auto", "index": str(bad)}})
+    data = DataPaths(tmp_path, (), (), tmp_path / "corpus.jsonl")
+    with pytest.raises(StartupError, match=r"(?s)exited with code 2.*retriever.log.*rebuild the index"):
+        with retriever_for_run(cfg, data, tmp_path / "logs"):
+            pass
