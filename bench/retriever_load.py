@@ -400,13 +400,14 @@ def faiss_costs(index_dir: Path, queries_emb, probe_size: int = 0) -> dict:
     import numpy as np
 
     from retriever_server.dense_index import FAISS_FILE, configure_faiss
-    from retriever_server.flat_bf16 import Bf16FlatScreen, cpu_has_native_bf16
+    from retriever_server.cpu import has_native_bf16
+    from retriever_server.flat_bf16 import Bf16FlatScreen
 
     configure_faiss()  # the server's faiss settings (BLAS path for batched Flat search)
 
     def timings(index) -> dict:
         out = {"faiss": _time_ms(lambda: index.search(queries_emb, 3))}
-        if cpu_has_native_bf16() and isinstance(index, faiss.IndexFlat):
+        if has_native_bf16() and isinstance(index, faiss.IndexFlat):
             xb = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
             screen = Bf16FlatScreen(np.asarray(xb).reshape(index.ntotal, index.d))
             out["bf16"] = _time_ms(lambda: screen.search(queries_emb, 3))

@@ -17,7 +17,8 @@ from typing import Iterable
 import numpy as np
 
 from .encoder import TextEncoder
-from .flat_bf16 import Bf16FlatScreen, cpu_has_native_bf16
+from .cpu import has_native_bf16
+from .flat_bf16 import Bf16FlatScreen
 
 # The query encoder the server uses (bench/retriever_load.py measures its raw ceiling by this name).
 QueryEncoder = TextEncoder
@@ -145,7 +146,8 @@ class DenseSearcher:
         if flat_search == "bf16" and not is_flat_ip:
             raise ValueError(f"{index_dir}: flat_search=bf16 needs a Flat inner-product index, this one is "
                              f"{params.get('faiss')!r}; use flat_search=auto or faiss")
-        if is_flat_ip and self.n_docs and (flat_search == "bf16" or (flat_search == "auto" and cpu_has_native_bf16())):
+        use_screen = flat_search == "bf16" or (flat_search == "auto" and has_native_bf16())
+        if is_flat_ip and self.n_docs and use_screen:
             # A view of faiss's own fp32 storage (no copy); the index object keeps it alive.
             xb = faiss.rev_swig_ptr(self.index.get_xb(), self.n_docs * self.index.d)
             self.screen = Bf16FlatScreen(np.asarray(xb).reshape(self.n_docs, self.index.d))
@@ -154,6 +156,8 @@ class DenseSearcher:
     def describe(self) -> dict:
         """What /health reports about this searcher."""
         out = {"flat_search": self.flat_search, "quantize": self.encoder.quantize}
+        if self.encoder.int8_engine:
+            out["int8_engine"] = self.encoder.int8_engine
         if self.screen is not None:
             out["bf16_screen_mb"] = round(self.screen.nbytes / 2**20, 1)
         return out

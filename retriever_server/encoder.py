@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .cpu import has_amx_int8
+
 QUANTIZE = ("none", "int8")
 _SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
 
@@ -54,6 +56,15 @@ def read_st_layout(model_dir: Path) -> tuple[Path, str, int | None]:
     return transformer_dir, pooling, max_len
 
 
+def int8_engine() -> str:
+    """torch's quantized engine for the int8 encoder: oneDNN on CPUs with AMX int8 tiles (measured
+    1.25x the default x86/fbgemm engine there, 1.95x fp32 instead of 1.55x), else torch's default."""
+    import torch
+    if has_amx_int8() and "onednn" in torch.backends.quantized.supported_engines:
+        return "onednn"
+    return torch.backends.quantized.engine
+
+
 class TextEncoder:
     """Batched text -> [n, dim] float32 unit vectors; safe to call from several threads."""
 
@@ -74,11 +85,14 @@ class TextEncoder:
             # Per-channel weight scales keep cosine to fp32 at ~0.98 (per-tensor: ~0.945) at the same speed.
             import warnings
             from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+            # The engine packs the int8 weights; the packed kernels it picks run every later call.
+            torch.backends.quantized.engine = int8_engine()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # torch's deprecation notice for quantized tensors
                 self.model = quantize_dynamic(self.model, {torch.nn.Linear: per_channel_dynamic_qconfig},
                                               dtype=torch.qint8)
         self.quantize = quantize
+        self.int8_engine = torch.backends.quantized.engine if quantize == "int8" else None
         self.dim = int(self.model.config.hidden_size)
         # HF fast tokenizers raise "Already borrowed" when two threads tokenize with padding at once.
         self._tokenizer_lock = threading.Lock()

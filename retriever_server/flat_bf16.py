@@ -30,17 +30,6 @@ GROUP = 16                 # rows per group in the screening max (16: the pool s
 SCORE_BUDGET_BYTES = 64 << 20  # bf16 score matrix per query slice: bounds memory for large corpora
 
 
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU flags show bf16 matrix instructions (AMX or AVX512-BF16); without them a
-    bf16 product is emulated and slower than fp32, so the screen is not used."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
 class Bf16FlatScreen:
     """Exact inner-product top-k over the fp32 rows `x` [N, d], screened in bf16 (see module doc)."""
 

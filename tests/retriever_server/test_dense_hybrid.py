@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from retriever_server.bm25_index import BM25Searcher
-from retriever_server.flat_bf16 import cpu_has_native_bf16
+from retriever_server.cpu import has_native_bf16
 from retriever_server.fusion import rrf_fuse
 from retriever_server.manifest import read_manifest
 from tests._fixtures.retriever import RetrieverHandle, build_retriever_index
@@ -57,7 +57,7 @@ def test_dense_manifest_and_serving(dense_world):
     # auto parallelism for a dense index: one search thread per CPU (the fixture pins 1 torch thread)
     assert health["threads"] == {"workers": os.cpu_count() or 1, "torch": 1, "faiss": 1}
     assert health["batching"]["workers"] == health["threads"]["workers"]
-    want = "bf16" if cpu_has_native_bf16() else "faiss"
+    want = "bf16" if has_native_bf16() else "faiss"
     assert health["indexes"][0]["flat_search"] == want and health["indexes"][0]["quantize"] == "none"
     queries, gold = _queries(dense_world["docs"])
     r = requests.post(server.url, json={"queries": queries, "topk": 3, "return_scores": True}, timeout=60)
