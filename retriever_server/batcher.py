@@ -6,6 +6,10 @@ runs the searcher on the whole batch in a thread pool, so the event loop keeps a
 while the batch runs. Under load the queue fills while the workers are busy, batches grow by
 themselves and the window rarely has to wait; when idle a lone request waits at most `window_ms`.
 A request larger than `max_batch` is split into chunks that are batched like separate requests.
+
+With several workers, a collected batch is split over the workers that are idle at that moment
+(parts of at least `min_part` queries): one large request, or clients that all send at once (they
+all got their answers from the same batch), would otherwise keep one worker busy and the rest idle.
 """
 from __future__ import annotations
 
@@ -42,11 +46,14 @@ class BatchStats:
 class MicroBatcher:
     """`await batcher.search(queries, k)` -> [(rows, scores)] per query, batched with other callers."""
 
-    def __init__(self, searcher, window_ms: float = 2.0, max_batch: int = 256, workers: int = 1):
-        if max_batch < 1 or workers < 1 or window_ms < 0:
-            raise ValueError(f"max_batch={max_batch}, workers={workers}, window_ms={window_ms}: "
-                             "need max_batch >= 1, workers >= 1, window_ms >= 0")
+    def __init__(self, searcher, window_ms: float = 2.0, max_batch: int = 256, workers: int = 1,
+                 min_part: int = 8):
+        if max_batch < 1 or workers < 1 or window_ms < 0 or min_part < 1:
+            raise ValueError(f"max_batch={max_batch}, workers={workers}, window_ms={window_ms}, "
+                             f"min_part={min_part}: need max_batch >= 1, workers >= 1, window_ms >= 0, "
+                             "min_part >= 1")
         self.searcher = searcher
+        self.min_part = min_part
         self.window = window_ms / 1000.0
         self.max_batch = max_batch
         self.workers = workers
@@ -56,6 +63,7 @@ class MicroBatcher:
         self._slots: asyncio.Semaphore | None = None
         self._task: asyncio.Task | None = None
         self._carry: _Job | None = None
+        self._running: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         self._queue = asyncio.Queue()
@@ -110,18 +118,34 @@ class MicroBatcher:
                     break
                 batch.append(job)
                 n += len(job.queries)
-            asyncio.create_task(self._run(batch, n))
+            parts = 1  # one more part per idle worker, while every part keeps >= min_part queries
+            while parts < self.workers and n >= (parts + 1) * self.min_part and not self._slots.locked():
+                await self._slots.acquire()  # free: returns at once
+                parts += 1
+            task = asyncio.create_task(self._run(batch, n, parts))
+            self._running.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(self._running.discard)
 
-    async def _run(self, batch: list[_Job], n: int) -> None:
+    async def _search_part(self, queries: list[str], k: int):
+        """One part on one worker thread; frees its worker slot when done."""
         loop = asyncio.get_running_loop()
         try:
-            queries = [q for job in batch for q in job.queries]
-            k = max(job.k for job in batch)
+            return await loop.run_in_executor(self._executor, self.searcher.search, queries, k)
+        finally:
+            self._slots.release()
+
+    async def _run(self, batch: list[_Job], n: int, parts: int) -> None:
+        loop = asyncio.get_running_loop()
+        queries = [q for job in batch for q in job.queries]
+        k = max(job.k for job in batch)
+        bounds = [round(i * n / parts) for i in range(parts + 1)]
+        tasks = [asyncio.ensure_future(self._search_part(queries[a:b], k)) for a, b in zip(bounds, bounds[1:])]
+        try:
             t0 = loop.time()
-            hits = await loop.run_in_executor(self._executor, self.searcher.search, queries, k)
-            self.stats.batches += 1
+            hits = [hit for part in await asyncio.gather(*tasks) for hit in part]
+            self.stats.batches += parts
             self.stats.queries += n
-            self.stats.max_batch_queries = max(self.stats.max_batch_queries, n)
+            self.stats.max_batch_queries = max(self.stats.max_batch_queries, bounds[1])
             self.stats.search_seconds += loop.time() - t0
             offset = 0
             for job in batch:
@@ -130,8 +154,7 @@ class MicroBatcher:
                 if not job.future.done():
                     job.future.set_result([(r[:job.k], s[:job.k]) for r, s in mine])
         except Exception as e:  # the searcher failed: every waiting request gets the error
+            await asyncio.gather(*tasks, return_exceptions=True)  # every part has freed its slot
             for job in batch:
                 if not job.future.done():
                     job.future.set_exception(e)
-        finally:
-            self._slots.release()

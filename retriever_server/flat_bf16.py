@@ -6,7 +6,7 @@ an int8 query encoder's time. Rounding to bf16 moves each score by at most `eps`
 only pick candidates; the answer comes from exact fp32 scores, with a certificate:
 
     S  = bf16(Q) @ bf16(X)^T                          [b, N]   (fp32 accumulation, bf16 output)
-    g  = max of S over consecutive groups of G rows   [b, N/G]
+    g  = max of S over groups of G rows               [b, N/G]
     C  = the rows of the c = k + margin best groups, then their c best rows by S
     out = top-k of the exact fp32 scores Q @ X[C]^T
     exact iff  out's k-th score > T + eps,  T = the c-th best bf16 score in C
@@ -73,13 +73,17 @@ class Bf16FlatScreen:
         import torch
         b = q.shape[0]
         n_groups = self.xb.shape[0] // GROUP
-        s = q.to(torch.bfloat16) @ self.xb.T                              # [b, N_pad] bf16
-        s[:, self.n:] = float("-inf")                                     # padding rows never win
+        # X @ Q^T, not Q @ X^T: oneDNN runs the [N, d] x [d, b] product ~2x faster at b = 64.
+        st = self.xb @ q.to(torch.bfloat16).T                             # [N_pad, b] bf16
+        st[self.n:] = float("-inf")                                       # padding rows never win
         c = min(self.n, k + self.margin)
         g = min(n_groups, c)
-        top_groups = s.view(b, n_groups, GROUP).amax(-1).topk(g, dim=1).indices            # [b, g]
-        pool = (top_groups.unsqueeze(-1) * GROUP + torch.arange(GROUP)).reshape(b, -1)     # [b, g*G]
-        pool_s, pos = s.gather(1, pool).topk(c, dim=1)                                     # [b, c] bf16
+        # Group j = rows {j, j + n_groups, j + 2 n_groups, ...}: the max over the G slices of
+        # n_groups rows is an element-wise max of contiguous memory, 6x faster than over adjacent rows.
+        group_max = st.view(GROUP, n_groups, b).amax(0).T                                  # [b, n_groups]
+        top_groups = group_max.topk(g, dim=1).indices                                      # [b, g]
+        pool = (top_groups.unsqueeze(-1) + n_groups * torch.arange(GROUP)).reshape(b, -1)  # [b, g*G]
+        pool_s, pos = st.T.gather(1, pool).topk(c, dim=1)                                  # [b, c] bf16
         cand = pool.gather(1, pos)                                                         # [b, c] row ids
         exact = torch.einsum("bd,bcd->bc", q, self.x[cand])                                # [b, c] fp32
         top_s, j = exact.topk(k, dim=1)                                                    # [b, k]

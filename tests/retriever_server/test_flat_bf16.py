@@ -47,8 +47,8 @@ def test_near_tie_across_groups_is_not_certified():
     d = 64
     q = _unit(rng, 1, d)
     x = _unit(rng, 4 * GROUP, d) * 0.1                  # background rows with low scores
-    x[0] = q[0] * (1 - 2e-4)                             # near-tie, in group 0
-    x[GROUP + 3] = q[0]                                  # the true best, in group 1
+    x[0] = q[0] * (1 - 2e-4)                             # near-tie, in group 0 (row mod n_groups)
+    x[GROUP + 3] = q[0]                                  # the true best, in group 3
     x = x.astype(np.float32)
     scores, ids, certified = Bf16FlatScreen(x, margin=1).search(q, 1)
     assert not certified[0]
