@@ -511,8 +511,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rebuild", default="",
                    help="comma-separated index kinds to rebuild even if cached (bm25, dense, all)")
     p.add_argument("--encoder-batch", type=int, default=None,
-                   help="batch size of the raw encoder measurement (default: B*C capped at the server's "
-                        "max_batch from /health: the batch the server encodes when all clients wait)")
+                   help="queries per batch of the raw encoder measurement in its one-stream layout; the "
+                        "one-stream-per-core layout uses this / cores (default: B*C, every query in flight "
+                        "in one batch: the raw encoder's best case, independent of the server's max_batch)")
     p.add_argument("--faiss-probe-size", default="",
                    help="also time an exact faiss search over this many random vectors (a size from the "
                         "--sizes list, e.g. 100k) to estimate a bigger dense corpus without building it")
@@ -645,9 +646,8 @@ def run_dense(args, size: str, index_dir: Path, passages: int, questions: list[Q
         t = served["fp32"].threads
         args.server_threads_seen = (f"{t.get('workers')} search thread(s) x {t.get('torch')} torch thread(s)"
                                     if t else "unknown")
-        # The batch the server encodes when every client is waiting: all B*C queries, capped at max_batch.
-        max_batch = served["fp32"].server.health()["batching"].get("max_batch", 256)
-        enc_batch = args.encoder_batch or min(args.batch_size * args.concurrency, max_batch)
+        # Every query in flight in one batch (or one batch per core): the raw encoder's best case.
+        enc_batch = args.encoder_batch or args.batch_size * args.concurrency
         if args.ceiling:
             for name, quantize, _ in variants:
                 layouts[name] = encoder_ceilings(index_dir, questions, enc_batch, quantize)

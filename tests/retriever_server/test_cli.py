@@ -31,24 +31,25 @@ def test_serve_defaults():
     args = build_parser().parse_args(["serve"])
     assert args.host == "127.0.0.1" and args.port == 8000 and args.topk == 3 and args.rrf_k == 60
     assert args.index == [] and args.quantize == "none" and args.flat_search == "auto"
-    assert args.workers == args.torch_threads == args.faiss_threads == "auto"
+    assert args.workers == args.torch_threads == args.faiss_threads == args.max_batch == "auto"
 
 
-def test_auto_parallelism(monkeypatch):
-    """Dense: one single-threaded batch per CPU in flight; BM25: one batch; explicit flags win."""
-    from retriever_server.__main__ import resolve_parallelism
+def test_auto_flags(monkeypatch):
+    """Dense: one single-threaded batch of <= 64 queries per CPU in flight; BM25: one batch of <= 256;
+    explicit flags win."""
+    from retriever_server.__main__ import resolve_auto
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     parse = lambda *a: build_parser().parse_args(["serve", *a])  # noqa: E731
     for kinds, flags, want in [
-            (["dense"], [], (4, 1, 1)),
-            (["bm25", "dense"], [], (4, 1, 1)),
-            (["bm25"], [], (1, 4, 4)),
-            (["dense"], ["--processes", "2"], (2, 1, 1)),
-            (["dense"], ["--workers", "1"], (1, 4, 4)),
-            (["dense"], ["--workers", "2", "--torch-threads", "3"], (2, 3, 2))]:
+            (["dense"], [], (4, 1, 1, 64)),
+            (["bm25", "dense"], [], (4, 1, 1, 64)),
+            (["bm25"], [], (1, 4, 4, 256)),
+            (["dense"], ["--processes", "2"], (2, 1, 1, 64)),
+            (["dense"], ["--workers", "1", "--max-batch", "128"], (1, 4, 4, 128)),
+            (["dense"], ["--workers", "2", "--torch-threads", "3"], (2, 3, 2, 64))]:
         args = parse(*flags)
-        resolve_parallelism(args, kinds)
-        assert (args.workers, args.torch_threads, args.faiss_threads) == want, (kinds, flags)
+        resolve_auto(args, kinds)
+        assert (args.workers, args.torch_threads, args.faiss_threads, args.max_batch) == want, (kinds, flags)
 
 
 def test_build_errors_are_one_clear_line(tmp_path, retriever_server):
