@@ -25,8 +25,9 @@ once under `--cache-dir` (default `$SEARCH_R1_HOME/bench/retriever`) and reused 
 The markdown table is printed and written to bench/results/retriever_load.md.
 
 Targets (2-core machine, B=16, C=8, zero errors): BM25 >= 1,500 q/s at 100k passages and >= 300 q/s
-at 1M; dense (MiniLM, Flat) >= 80% of the raw encoder ceiling; int8 >= 1.8x fp32 throughput with
-recall@3 within 1 point.
+at 1M; dense (MiniLM, Flat) >= 80% of the raw encoder ceiling; the int8 query encoder >= 1.8x the
+fp32 encoder's throughput with served recall@3 within 1 point (the served int8 / fp32 ratio, which
+also carries the Flat search and HTTP, is printed beside it).
 """
 from __future__ import annotations
 
@@ -689,13 +690,18 @@ def run_dense(args, size: str, index_dir: Path, passages: int, questions: list[Q
         q8 = rows[1]
         speedup = q8.load.queries_per_s / max(fp32.load.queries_per_s, 1e-9)
         drecall = 100 * (q8.load.recall3 - fp32.load.recall3)
-        q8.target = ">= 1.8x fp32 q/s, recall@3 within 1 pt"
-        q8.met = speedup >= 1.8 and abs(drecall) <= 1.0 and not q8.load.errors
+        # The target is the query encoder's ("an int8-quantized query encoder at least 1.8x the fp32
+        # throughput"): the raw encoders, best layout each, measured interleaved in this run; recall is
+        # the served one. The served ratio (which also carries the Flat search and HTTP) is reported.
+        raw = best["int8"].qps / best["fp32"].qps if args.ceiling else speedup
+        q8.target = (">= 1.8x fp32 encoder q/s, recall@3 within 1 pt" if args.ceiling
+                     else ">= 1.8x fp32 q/s, recall@3 within 1 pt")
+        q8.met = raw >= 1.8 and abs(drecall) <= 1.0 and not q8.load.errors
         note = (f"dense {size}: int8 / fp32 served throughput {speedup:.2f}x (per server CPU-s "
                 f"{q8.load.cpu['server_q_per_cpu_s'] / max(fp32.load.cpu['server_q_per_cpu_s'], 1e-9):.2f}x), "
                 f"recall@3 difference {drecall:+.1f} points")
         if args.ceiling:
-            note += f"; raw encoder (best layouts) int8 / fp32 {best['int8'].qps / best['fp32'].qps:.2f}x"
+            note += f"; raw encoder (best layouts) int8 / fp32 {raw:.2f}x (the target's measure)"
         notes.append(note)
     return rows
 
