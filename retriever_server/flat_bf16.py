@@ -5,7 +5,8 @@ than the fp32 one faiss's Flat search uses; at 100k passages that search otherwi
 an int8 query encoder's time. Rounding to bf16 moves each score by at most `eps`, so the bf16 scores
 only pick candidates; the answer comes from exact fp32 scores, with a certificate:
 
-    S  = bf16(Q) @ bf16(X)^T                          [b, N]   (fp32 accumulation, bf16 output)
+    S  = bf16(Q) @ bf16(X)^T                          [b, N]   (fp32 accumulation, bf16 output;
+                                                               computed as X @ Q^T, [N, b])
     g  = max of S over groups of G rows               [b, N/G]
     C  = the rows of the c = k + margin best groups, then their c best rows by S
     out = top-k of the exact fp32 scores Q @ X[C]^T
@@ -19,7 +20,8 @@ the k-th score) are flagged for an exact fp32 search by the caller.
 The error bound, for bf16 unit roundoff u = 2^-8 (round-to-nearest: |err| <= u/2 per rounding):
 each input is rounded once, each product is off by <= (u + u^2/4)|q_i x_i|, summed <= 1.01 u ||q|| ||x||
 (Cauchy-Schwarz), plus the output rounding u/2 |s| <= u/2 ||q|| ||x||, plus fp32 accumulation
-(<= d 2^-24 ||q|| ||x||, doubled for slack): eps = (1.6 u + d 2^-23) ||q|| max||x||.
+(<= d 2^-24 ||q|| ||x||, doubled for slack): eps = (1.6 u + d 2^-23) ||q|| max||x||. Measured over
+64 queries x 102k MiniLM passages, the largest error was 0.0022, 35% of this eps (0.0063).
 """
 from __future__ import annotations
 
