@@ -37,27 +37,20 @@ def default_synth_dir() -> Path:
 
 
 def ensure_default_index() -> Path:
-    """Generate the default synthetic world and its BM25 index if they are missing; returns the index dir."""
+    """Generate the default synthetic world if it is missing, and (re)build its BM25 index unless it
+    was built from this corpus.jsonl; returns the index dir."""
+    from .manifest import index_matches_corpus
+
     world = default_synth_dir()
     corpus = world / "corpus.jsonl"
     if not corpus.exists():
         print(f"[retriever] generating the default synthetic corpus in {world} ...", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "search_r1.data.synth", "--out", str(world)], check=True)
     index_dir = world / "index_bm25"
-    if not _index_matches_corpus(index_dir, corpus):
+    if not index_matches_corpus(index_dir, corpus):
         print(f"[retriever] building the BM25 index {index_dir} ...", file=sys.stderr)
         build_index(corpus, "bm25", index_dir, force=True)
     return index_dir
-
-
-def _index_matches_corpus(index_dir: Path, corpus: Path) -> bool:
-    """True when `index_dir` holds a readable index built from exactly this corpus file (the default
-    world may have been regenerated, e.g. with another seed, since the index was built)."""
-    from .manifest import file_sha256, read_manifest
-    try:
-        return read_manifest(index_dir).corpus_sha256 == file_sha256(corpus)
-    except (FileNotFoundError, ValueError):
-        return False
 
 
 # ---------------------------------------------------------------- build

@@ -58,6 +58,15 @@ def read_manifest(index_dir: str | Path) -> Manifest:
     return Manifest(**{k: v for k, v in data.items() if k in known})
 
 
+def index_matches_corpus(index_dir: str | Path, corpus: str | Path) -> bool:
+    """True when `index_dir` holds a readable index built from exactly this corpus file (a corpus
+    regenerated since, e.g. with another seed, needs a new index)."""
+    try:
+        return read_manifest(index_dir).corpus_sha256 == file_sha256(corpus)
+    except (FileNotFoundError, ValueError):
+        return False
+
+
 def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

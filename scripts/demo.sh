@@ -18,15 +18,10 @@ fi
 export PYTHON HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 SYNTH_DIR="$("$PYTHON" -c 'from search_r1.paths import default_synth_dir; print(default_synth_dir())')"
-if [[ ! -f "$SYNTH_DIR/meta.json" ]]; then
-  echo "[demo] generating the synthetic QA world in $SYNTH_DIR"
-  "$PYTHON" -m search_r1.data.synth --out "$SYNTH_DIR" --seed 0
-fi
-if [[ ! -f "$SYNTH_DIR/index_bm25/manifest.json" ]]; then
-  echo "[demo] building the BM25 index $SYNTH_DIR/index_bm25"
-  "$PYTHON" -m retriever_server build --corpus "$SYNTH_DIR/corpus.jsonl" --kind bm25 \
-    --out "$SYNTH_DIR/index_bm25" --force
-fi
+# Both steps do nothing when the world and its index are current (a world from another seed or an
+# older generator is regenerated, and an index built from another corpus.jsonl is rebuilt).
+"$PYTHON" -m search_r1.data.synth --out "$SYNTH_DIR" --seed 0 --if-stale
+"$PYTHON" -c 'from retriever_server.__main__ import ensure_default_index; ensure_default_index()'
 
 if [[ -d outputs/demo ]]; then
   echo "[demo] removing the previous demo run outputs/demo (a fresh run each time)"

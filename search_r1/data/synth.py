@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -42,6 +43,9 @@ DEFAULT_MAX_TEST = 2_000
 ABILITY = "fact-reasoning"
 FORMAT_VERSION = 1
 
+# The modules whose code decides a world's bytes: a world written by another version of them is stale.
+GENERATOR_MODULES = ("synth.py", "world.py", "names.py", "passages.py", "questions.py")
+
 FILES = {
     "corpus": "corpus.jsonl",
     "train_parquet": "train.parquet",
@@ -50,6 +54,41 @@ FILES = {
     "test_jsonl": "test.jsonl",
     "meta": "meta.json",
 }
+
+
+def generator_fingerprint() -> str:
+    """sha256 (first 16 hex digits) of the generator's source files: changes whenever they do."""
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in GENERATOR_MODULES:
+        h.update(name.encode() + b"\0" + (here / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def stale_reason(out_dir, seed: int = 0, n_entities: int = DEFAULT_N_ENTITIES) -> str | None:
+    """Why the world in `out_dir` is not the one `generate_world(out_dir, seed, n_entities)` would
+    write now (missing, other seed or size, older generator), or None when it is current."""
+    meta_path = Path(out_dir) / FILES["meta"]
+    if not meta_path.is_file():
+        return "no complete world there"
+    meta = json.loads(meta_path.read_text())
+    if meta.get("seed") != seed:
+        return f"it was generated with seed {meta.get('seed')}, not {seed}"
+    if meta.get("n_entities") != n_entities:
+        return f"it has {meta.get('n_entities')} entities, not {n_entities}"
+    if meta.get("generator") != generator_fingerprint():
+        return "it was written by another version of the generator"
+    return None
+
+
+def ensure_world(out_dir, seed: int = 0, n_entities: int = DEFAULT_N_ENTITIES, progress: bool = True) -> Path:
+    """Generate the world into `out_dir` unless an identical one is already there; returns out_dir."""
+    reason = stale_reason(out_dir, seed, n_entities)
+    if reason is not None:
+        print(f"[synth] generating the synthetic QA world in {out_dir} (seed {seed}): {reason}",
+              file=sys.stderr, flush=True)
+        generate_world(out_dir, seed=seed, n_entities=n_entities, progress=progress)
+    return Path(out_dir)
 
 
 @contextlib.contextmanager
@@ -225,7 +264,8 @@ def generate_world(out_dir, seed: int = 0, n_entities: int = DEFAULT_N_ENTITIES,
     n_passages = _write_corpus(paths["corpus"], w, seed, picked["train"] + picked["test"], progress)
 
     rng = random.Random(f"{seed}-order")
-    meta: dict = {"format_version": FORMAT_VERSION, "seed": seed, "n_entities": n_entities,
+    meta: dict = {"format_version": FORMAT_VERSION, "generator": generator_fingerprint(),
+                  "seed": seed, "n_entities": n_entities,
                   "n_passages": n_passages, "test_fraction": test_fraction,
                   "max_train": max_train, "max_test": max_test, "splits": {}}
     for split in ("train", "test"):
@@ -269,12 +309,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-test", type=int, default=DEFAULT_MAX_TEST,
                    help="at most this many test questions")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--if-stale", action="store_true",
+                   help="do nothing when --out already holds this world (same seed and entities, "
+                        "written by this version of the generator); otherwise generate it")
     return p
 
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     t0 = time.perf_counter()
+    if args.if_stale and stale_reason(args.out, args.seed, args.n_entities) is None:
+        print(f"{args.out} already holds this world (seed {args.seed}); nothing to do")
+        return 0
     try:
         paths = generate_world(args.out, seed=args.seed, n_entities=args.n_entities,
                                test_fraction=args.test_fraction, max_train=args.max_train,

@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from retriever_server.manifest import index_matches_corpus
 from retriever_server.launcher import ServerProcess, ServerStartError
 from search_r1.search.retriever_client import normalize_url
 from search_r1.trainer.config import AUTO, TrainConfig
@@ -44,16 +45,15 @@ class DataPaths:
 
 
 def prepare_data(cfg: TrainConfig) -> DataPaths:
-    """Resolve data files; with data.dir=auto generate the default synthetic world if missing."""
+    """Resolve data files; with data.dir=auto generate the default synthetic world unless it is current."""
     from search_r1.paths import default_synth_dir
 
     d = cfg.data
     data_dir = default_synth_dir() if d.dir == AUTO else Path(d.dir).expanduser()
-    if d.dir == AUTO and not (data_dir / "meta.json").is_file():
-        from search_r1.data.synth import generate_world
+    if d.dir == AUTO:  # regenerated when missing, of another seed, or from an older generator
+        from search_r1.data.synth import ensure_world
 
-        print(f"[trainer] generating the synthetic QA world in {data_dir} (seed {d.synth_seed}) ...", flush=True)
-        generate_world(data_dir, seed=d.synth_seed)
+        ensure_world(data_dir, seed=d.synth_seed)
     train = tuple(Path(f).expanduser() for f in d.train_files) or (data_dir / "train.parquet",)
     test = tuple(Path(f).expanduser() for f in d.test_files) or (data_dir / "test.parquet",)
     for f in train + test:
@@ -89,8 +89,13 @@ def retriever_for_run(cfg: TrainConfig, data: DataPaths, log_dir: Path):
         check_retriever(cfg.retriever.url)
         yield cfg.retriever.url
         return
-    index = Path(cfg.retriever.index).expanduser() if cfg.retriever.index else data.dir / "index_bm25"
-    if not (index / "manifest.json").is_file():
+    if cfg.retriever.index:  # the user's index: built only when missing, never replaced
+        index = Path(cfg.retriever.index).expanduser()
+        build = not (index / "manifest.json").is_file()
+    else:  # ours: rebuilt when the world's corpus.jsonl has changed since
+        index = data.dir / "index_bm25"
+        build = not index_matches_corpus(index, data.corpus)
+    if build:
         print(f"[trainer] building the BM25 index {index} ...", flush=True)
         subprocess.run([sys.executable, "-m", "retriever_server", "build", "--corpus", str(data.corpus),
                         "--kind", "bm25", "--out", str(index), "--force"], check=True)

@@ -71,6 +71,36 @@ def test_generate_world_returns_paths_and_meta(synth_world):
         assert meta["splits"][split]["n_questions"] == n > 0
 
 
+def test_stale_worlds_are_regenerated_and_current_ones_kept(synth_world, tmp_path, capsys):
+    import shutil
+
+    from search_r1.data.synth import ensure_world, main, stale_reason
+    world = tmp_path / "world"
+    shutil.copytree(synth_world, world)
+    args = dict(seed=SYNTH_WORLD_SEED, n_entities=SYNTH_WORLD_ENTITIES)
+    assert stale_reason(world, **args) is None
+    stamp = (world / "meta.json").stat().st_mtime_ns
+    ensure_world(world, progress=False, **args)
+    assert (world / "meta.json").stat().st_mtime_ns == stamp  # current: left alone
+    cli = ["--out", str(world), "--seed", str(SYNTH_WORLD_SEED), "--n-entities", str(SYNTH_WORLD_ENTITIES),
+           "--if-stale", "--no-progress"]
+    assert main(cli) == 0 and "nothing to do" in capsys.readouterr().out
+    assert (world / "meta.json").stat().st_mtime_ns == stamp
+    assert "seed" in stale_reason(world, seed=SYNTH_WORLD_SEED + 1, n_entities=SYNTH_WORLD_ENTITIES)
+    assert "entities" in stale_reason(world, seed=SYNTH_WORLD_SEED, n_entities=SYNTH_WORLD_ENTITIES + 10)
+    assert "no complete world" in stale_reason(tmp_path / "missing", **args)
+    # a world written by another version of the generator (what an upgrade leaves in the cache)
+    meta = json.loads((world / "meta.json").read_text())
+    meta["generator"] = "0" * 16
+    (world / "meta.json").write_text(json.dumps(meta))
+    (world / "train.jsonl").write_text("")  # its questions differed
+    assert "version of the generator" in stale_reason(world, **args)
+    assert main(cli) == 0
+    assert stale_reason(world, **args) is None
+    for name in FILES.values():
+        assert (world / name).read_bytes() == (synth_world / name).read_bytes(), name
+
+
 # ---------------------------------------------------------------- corpus
 
 

@@ -133,3 +133,34 @@ def test_auto_retriever_that_cannot_start_names_its_log(tmp_path):
     with pytest.raises(StartupError, match=r"(?s)exited with code 2.*retriever.log.*rebuild the index"):
         with retriever_for_run(cfg, data, tmp_path / "logs"):
             pass
+
+
+def test_auto_data_dir_follows_synth_seed(monkeypatch, tmp_path):
+    """data.dir=auto must not train on a cached world of another seed."""
+    import json as _json
+
+    from search_r1.trainer.config import TrainConfig
+    monkeypatch.setenv("SEARCH_R1_HOME", str(tmp_path))
+    for seed in (1, 0, 0):
+        data = prepare_data(TrainConfig.from_dict({"data": {"synth_seed": seed}}))
+        assert _json.loads((data.dir / "meta.json").read_text())["seed"] == seed
+        assert data.dir == tmp_path / "synth" / "default" and data.corpus.is_file()
+
+
+def test_auto_retriever_rebuilds_its_index_for_a_changed_corpus(synth_world, tmp_path):
+    import shutil
+
+    from retriever_server.manifest import file_sha256, read_manifest
+    from search_r1.trainer.config import TrainConfig
+    from search_r1.trainer.main import DataPaths, retriever_for_run
+    from tests._fixtures.retriever import build_retriever_index
+
+    world = tmp_path / "world"
+    shutil.copytree(synth_world, world)
+    other = tmp_path / "other.jsonl"  # an index built from another corpus sits where ours belongs
+    other.write_text("\n".join(open(world / "corpus.jsonl").read().splitlines()[:50]) + "\n")
+    build_retriever_index(other, "bm25", world / "index_bm25")
+    cfg = TrainConfig.from_dict({"retriever": {"url": "auto"}})
+    with retriever_for_run(cfg, DataPaths(world, (), (), world / "corpus.jsonl"), tmp_path / "logs"):
+        pass
+    assert read_manifest(world / "index_bm25").corpus_sha256 == file_sha256(world / "corpus.jsonl")
