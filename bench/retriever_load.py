@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
+from retriever_server.cpu import set_threads  # noqa: E402
 from retriever_server.launcher import ServerProcess, ServerStartError  # noqa: E402
 
 SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}
@@ -305,13 +306,6 @@ def run_load(port: int, questions: list[Question], batch: int, clients: int, dur
 
 # --- ceilings: the server's own search code in this process, no HTTP -------------------------------
 
-def _set_threads(n: int) -> None:
-    import faiss
-    import torch
-    torch.set_num_threads(n)
-    faiss.omp_set_num_threads(n)
-
-
 class Ceiling:
     """Throughput of `step(batch_texts)` measured in slices that interleave with the served load, so
     that both see the same contention from other processes on a shared machine. `streams` threads
@@ -324,7 +318,7 @@ class Ceiling:
         self.done, self.wall, self.cpu, self._i = 0, 0.0, 0.0, 0
         self._lock = threading.Lock()
         if threads:
-            _set_threads(threads)
+            set_threads(threads, threads)
         self.last = step(self.texts[:batch_size])  # warm-up: first call allocates and picks kernels
 
     @property
@@ -338,7 +332,7 @@ class Ceiling:
 
     def measure(self, seconds: float) -> None:
         if self.threads:
-            _set_threads(self.threads)
+            set_threads(self.threads, self.threads)
         t0, c0 = time.perf_counter(), time.process_time()
 
         def stream() -> None:
@@ -675,7 +669,7 @@ def run_dense(args, size: str, index_dir: Path, passages: int, questions: list[Q
         fp32.met = fp32.load.queries_per_s >= 0.8 * fp32.ceiling.qps and not fp32.load.errors
         probe = SIZES[args.faiss_probe_size] if args.faiss_probe_size else 0
         one = layouts["fp32"][0]  # the single-stream layout: one batch of enc_batch queries, all cores
-        _set_threads(one.threads or 1)
+        set_threads(one.threads or 1, one.threads or 1)
         cost = faiss_costs(index_dir, one.last, probe)
         fmt = lambda c: " / ".join(f"{name} {ms:.1f} ms" for name, ms in c.items())  # noqa: E731
         note = (f"dense {size} fp32 without the server, per batch of {enc_batch} queries on {one.threads} "

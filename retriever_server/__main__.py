@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from .cpu import set_threads
+
 log = logging.getLogger("retriever_server")
 
 # OpenMP threads that spin while waiting steal the core the HTTP loop and the other thread need; on a
@@ -108,18 +110,11 @@ def cmd_build(args) -> None:
     else:
         kw = dict(model=args.model, faiss_kind=args.faiss, batch_size=args.batch_size,
                   hnsw_m=args.hnsw_m, ivf_nlist=args.ivf_nlist, max_seq_length=args.max_seq_length)
-        _set_threads(args.torch_threads, args.torch_threads)
+        set_threads(args.torch_threads, args.torch_threads)
     build_index(Path(args.corpus), args.kind, Path(args.out), force=args.force, **kw)
 
 
 # ---------------------------------------------------------------- serve
-
-def _set_threads(torch_threads: int, faiss_threads: int) -> None:
-    import torch
-    torch.set_num_threads(torch_threads)
-    import faiss
-    faiss.omp_set_num_threads(faiss_threads)
-
 
 def check_indexes(index_dirs: list[Path]) -> list:
     """Read the manifests; several indexes must come from the same corpus file (same rows)."""
@@ -172,7 +167,7 @@ def load_searcher(index_dirs: list[Path], args):
             from .bm25_index import BM25Searcher
             searchers.append(BM25Searcher(d, m.params))
         else:
-            _set_threads(args.torch_threads, args.faiss_threads)
+            set_threads(args.torch_threads, args.faiss_threads)
             from .dense_index import DenseSearcher
             searchers.append(DenseSearcher(d, m.params, model=args.model, quantize=args.quantize,
                                            nprobe=args.nprobe, ef_search=args.ef_search,

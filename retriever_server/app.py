@@ -22,9 +22,9 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from .batcher import MicroBatcher

@@ -1,4 +1,5 @@
-"""What the CPU can do, for picking kernels (Linux /proc/cpuinfo; empty elsewhere)."""
+"""What the CPU can do, for picking kernels (Linux /proc/cpuinfo; empty elsewhere), and the thread
+counts torch and faiss use on it."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -24,3 +25,11 @@ def has_amx_int8() -> bool:
     """AMX int8 tiles: oneDNN's quantized kernels use them (measured 1.25x torch's default x86 engine
     for MiniLM's dynamically quantized Linear layers)."""
     return "amx_int8" in cpu_flags()
+
+
+def set_threads(torch_threads: int, faiss_threads: int) -> None:
+    """Intra-op threads of torch (query/passage encoding) and OpenMP threads of faiss, process-wide."""
+    import faiss
+    import torch
+    torch.set_num_threads(torch_threads)
+    faiss.omp_set_num_threads(faiss_threads)

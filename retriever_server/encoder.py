@@ -98,7 +98,6 @@ class TextEncoder:
         self._tokenizer_lock = threading.Lock()
 
     def _pool(self, hidden, mask):
-        import torch
         if self.pooling == "cls":
             return hidden[:, 0]
         m = mask.unsqueeze(-1).to(hidden.dtype)                          # [n, L, 1]

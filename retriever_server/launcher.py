@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -135,8 +134,3 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def child_env(extra: dict | None = None) -> dict:
-    """The current environment plus `extra` (a convenience for callers that pin threads)."""
-    return {**os.environ, **(extra or {})}
