@@ -36,6 +36,12 @@ CORE = [
     "matplotlib>=3.8",
     "tensorboard>=2.15",
     "psutil>=5.9",
+    # verl's `verl-core` extra, not its base dependencies: the agent loop imports cachetools, the v1
+    # trainer TransferQueue (with pyzmq, msgspec). verl_ext runs both, on CPU in tests too.
+    "cachetools>=5",
+    "TransferQueue>=0.1.10",
+    "pyzmq>=25",
+    "msgspec>=0.18",
 ]
 
 setup(
@@ -47,7 +53,7 @@ setup(
     python_requires=">=3.10,<3.13",
     install_requires=CORE,
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-asyncio>=0.23"],
         "gpu": ["vllm==0.24.0"],
         "wandb": ["wandb>=0.17"],
     },
