@@ -7,7 +7,8 @@ search. The same seed gives the same bytes in every output file. Output director
 
     corpus.jsonl              {"id": "0", "contents": "\\"Title\\"\\ntext"}  (wiki-18 format)
     train.parquet, test.parquet   Search-R1 rows: data_source, prompt, ability, reward_model,
-                              extra_info (+ id, question, golden_answers for converters)
+                              extra_info, agent_name (verl's agent loop; + id, question,
+                              golden_answers for converters)
     train.jsonl, test.jsonl   {"id", "question", "golden_answers", "data_source", "gold_doc_ids"}
     meta.json                 counts and parameters; written last, so its presence marks a
                               complete world
@@ -41,6 +42,7 @@ DEFAULT_TEST_FRACTION = 0.1
 DEFAULT_MAX_TRAIN = 20_000
 DEFAULT_MAX_TEST = 2_000
 ABILITY = "fact-reasoning"
+DEFAULT_AGENT_NAME = "search_r1"  # verl_ext.agent_loop.SearchR1AgentLoop's registered name
 FORMAT_VERSION = 1
 
 # The modules whose code decides a world's bytes: a world written by another version of them is stale.
@@ -195,6 +197,7 @@ def _parquet_schema():
         ("data_source", pa.string()),
         ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
         ("ability", pa.string()),
+        ("agent_name", pa.string()),
         ("reward_model", pa.struct([
             ("style", pa.string()),
             ("ground_truth", pa.struct([("target", strings)])),
@@ -210,6 +213,24 @@ def _parquet_schema():
     ])
 
 
+def search_r1_row(qid: str, question: str, answers: list[str], data_source: str, prompt: list[dict],
+                  extra_info: dict, ability: str = ABILITY, agent_name: str = DEFAULT_AGENT_NAME) -> dict:
+    """One Search-R1 parquet row, readable by our `PromptDataset` and by verl's `RLHFDataset`.
+
+    `agent_name` picks the verl agent loop that rolls the row out (verl's AgentLoopWorker reads it
+    per row; without it every row falls back to `rollout.agent.default_agent_loop`).
+    """
+    return {
+        "id": qid, "question": question, "golden_answers": list(answers),
+        "data_source": data_source,
+        "prompt": prompt,
+        "ability": ability,
+        "agent_name": agent_name,
+        "reward_model": {"style": "rule", "ground_truth": {"target": list(answers)}},
+        "extra_info": extra_info,
+    }
+
+
 def _write_split(split: str, questions: list[Question], jsonl_path: Path, parquet_path: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -223,16 +244,10 @@ def _write_split(split: str, questions: list[Question], jsonl_path: Path, parque
             record = {"id": qid, "question": q.text, "golden_answers": q.answers,
                       "data_source": q.data_source, "gold_doc_ids": q.gold_doc_ids}
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            rows.append({
-                "id": qid, "question": q.text, "golden_answers": q.answers,
-                "data_source": q.data_source,
-                "prompt": make_messages(q.text),
-                "ability": ABILITY,
-                "reward_model": {"style": "rule", "ground_truth": {"target": q.answers}},
-                "extra_info": {"split": split, "index": index, "hops": len(q.chain),
-                               "subject": q.subject, "bridge": q.bridge,
-                               "gold_doc_ids": q.gold_doc_ids},
-            })
+            rows.append(search_r1_row(
+                qid, q.text, q.answers, q.data_source, make_messages(q.text),
+                extra_info={"split": split, "index": index, "hops": len(q.chain),
+                            "subject": q.subject, "bridge": q.bridge, "gold_doc_ids": q.gold_doc_ids}))
     table = pa.Table.from_pylist(rows, schema=_parquet_schema())
     with _atomic(parquet_path) as tmp:
         pq.write_table(table, tmp)
