@@ -26,20 +26,65 @@ TOOL_CALL_INSTRUCTION = (
 
 TEMPLATES = {"tags": SEARCH_R1_INSTRUCTION, "tool_call": TOOL_CALL_INSTRUCTION}
 
+# Data templates (`python -m search_r1.data.prepare --template ...`) and the protocol each one speaks:
+#   base       one user message holding the instruction and the question (upstream Search-R1's prompt)
+#   chat       a system message holding the instruction, then a user message "Question: ..." (instruct
+#              models that follow system prompts)
+#   tool_call  one user message with the tool-call instruction (<tool_call> JSON, <tool_response>)
+DATA_TEMPLATES = {"base": "tags", "chat": "tags", "tool_call": "tool_call"}
+CHAT_SYSTEM_INSTRUCTION = SEARCH_R1_INSTRUCTION.split(" Question: {question}")[0]
+CHAT_USER_MESSAGE = "Question: {question}\n"
+
+# Baselines of the Search-R1 paper, used by `python -m search_r1.eval --no-search / --rag`: the same
+# answer format (so the same metric functions apply), no search tags offered.
+NO_SEARCH_INSTRUCTION = (
+    "Answer the given question directly, without searching. You may reason inside <think> and "
+    "</think> first. Give only the final answer inside <answer> and </answer>, with no explanation, "
+    "for example <answer> Beijing </answer>. Question: {question}\n"
+)
+RAG_INSTRUCTION = (
+    "Answer the given question using the documents below. You may reason inside <think> and "
+    "</think> first. Give only the final answer inside <answer> and </answer>, with no explanation, "
+    "for example <answer> Beijing </answer>.\nDocuments:\n{documents}Question: {question}\n"
+)
+
+
+def normalize_question(question: str) -> str:
+    """Upstream Search-R1's question normalization: strip whitespace, end with a question mark."""
+    q = question.strip()
+    if q and q[-1] != "?":
+        q += "?"
+    return q
+
 
 def make_prompt(question: str, protocol: str = "tags") -> str:
     """The user message for `question` under `protocol` ("tags" or "tool_call")."""
     if protocol not in TEMPLATES:
         raise ValueError(f"unknown protocol {protocol!r}; choose one of {sorted(TEMPLATES)}")
-    q = question.strip()
-    if q and q[-1] != "?":
-        q += "?"
-    return TEMPLATES[protocol].format(question=q)
+    return TEMPLATES[protocol].format(question=normalize_question(question))
 
 
 def make_messages(question: str, protocol: str = "tags") -> list[dict]:
     """Chat messages for the parquet `prompt` column: one user turn holding the instruction."""
     return [{"role": "user", "content": make_prompt(question, protocol)}]
+
+
+def template_messages(question: str, template: str = "base") -> list[dict]:
+    """Chat messages for `question` under a data template (see DATA_TEMPLATES)."""
+    if template not in DATA_TEMPLATES:
+        raise ValueError(f"unknown template {template!r}; choose one of {sorted(DATA_TEMPLATES)}")
+    if template == "chat":
+        return [{"role": "system", "content": CHAT_SYSTEM_INSTRUCTION},
+                {"role": "user", "content": CHAT_USER_MESSAGE.format(question=normalize_question(question))}]
+    return make_messages(question, DATA_TEMPLATES[template])
+
+
+def baseline_messages(question: str, documents: str | None = None) -> list[dict]:
+    """The paper's baselines: direct answer (documents None) or RAG (rendered passages given)."""
+    q = normalize_question(question)
+    if documents is None:
+        return [{"role": "user", "content": NO_SEARCH_INSTRUCTION.format(question=q)}]
+    return [{"role": "user", "content": RAG_INSTRUCTION.format(question=q, documents=documents)}]
 
 
 def apply_chat_template(tokenizer, messages: list[dict]) -> list[int]:
