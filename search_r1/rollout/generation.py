@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from verl import DataProto
@@ -95,6 +96,43 @@ class GenerationConfig:
         )
 
 
+def batch_decoder(tokenizer) -> Callable[[list[list[int]]], list[str]]:
+    """`decode(id_lists) -> texts`, special tokens kept: search_r1.bpe_cache's exact byte table when
+    the tokenizer qualifies (much faster per turn), else the tokenizer's own batch decode."""
+    fast = ByteDecoder.for_tokenizer(tokenizer)
+    if fast is not None:
+        return fast.decode
+    return lambda id_lists: decode_ids(tokenizer, id_lists)
+
+
+def _first_stop_end(text: str, stops) -> int:
+    """Character offset just past the earliest stop string in `text`, or -1."""
+    ends = [i + len(s) for s in stops if (i := text.find(s)) >= 0]
+    return min(ends) if ends else -1
+
+
+def keep_through_stop(ids: list[int], text: str, stops, decode) -> tuple[list[int], str]:
+    """One turn's `(ids, text)` ending at its first stop string, for backends that ignore `stop`.
+
+    Unchanged when no stop string occurs or only whitespace follows the first one (what a conforming
+    backend returns); otherwise the shortest prefix of `ids` whose text contains a stop string
+    (binary search, log2(n) decodes) and that prefix's text. Used by both rollout drivers
+    (`run_llm_loop` and verl_ext's agent loop), so they trim alike.
+    """
+    end = _first_stop_end(text, stops)
+    if end < 0 or not text[end:].strip():
+        return ids, text
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _first_stop_end(decode([ids[:mid]])[0], stops) >= 0:
+            hi = mid
+        else:
+            lo = mid + 1
+    kept = ids[:lo]
+    return kept, decode([kept])[0]
+
+
 @dataclass
 class _TurnCounters:
     gen_s: float = 0.0
@@ -130,7 +168,7 @@ class LLMGenerationManager:
         self.is_validation = is_validation
         self.encoder = ObservationEncoder(tokenizer, config.protocol)
         self.stops = stop_strings(config.protocol)
-        self._fast_decoder = ByteDecoder.for_tokenizer(tokenizer)  # exact table decode, or None
+        self._decode = batch_decoder(tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = 0 if pad is None else int(pad)
 
@@ -210,42 +248,14 @@ class LLMGenerationManager:
             logprob_lists.append(list(out.logprobs[:budget]) if out.logprobs else None)
         texts = self._decode(token_lists)
         for i, text in enumerate(texts):
-            if self._overshoots(text):
-                token_lists[i], texts[i] = self._trim_at_stop(token_lists[i])
-                counters.overshoot_tokens += len(outputs[i].token_ids[:budgets[i]]) - len(token_lists[i])
+            kept, texts[i] = keep_through_stop(token_lists[i], text, self.stops, self._decode)
+            if len(kept) < len(token_lists[i]):
+                counters.overshoot_tokens += len(token_lists[i]) - len(kept)
+                token_lists[i] = kept
                 if logprob_lists[i] is not None:
-                    logprob_lists[i] = logprob_lists[i][: len(token_lists[i])]
+                    logprob_lists[i] = logprob_lists[i][: len(kept)]
         for ep, ids, lps, text in zip(live, token_lists, logprob_lists, texts):
             ep.apply_generation(ids, lps, text)
-
-    def _first_stop_end(self, text: str) -> int:
-        """Character offset just past the earliest stop string in `text`, or -1."""
-        ends = [i + len(s) for s in self.stops if (i := text.find(s)) >= 0]
-        return min(ends) if ends else -1
-
-    def _overshoots(self, text: str) -> bool:
-        end = self._first_stop_end(text)
-        return end >= 0 and bool(text[end:].strip())
-
-    def _trim_at_stop(self, ids: list[int]) -> tuple[list[int], str]:
-        """Keep the shortest prefix whose text contains a stop string (binary search, log2(n) decodes).
-
-        Only for backends that ignore `SamplingParams.stop`; conforming backends never get here.
-        """
-        lo, hi = 1, len(ids)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._first_stop_end(self._decode([ids[:mid]])[0]) >= 0:
-                hi = mid
-            else:
-                lo = mid + 1
-        kept = ids[:lo]
-        return kept, self._decode([kept])[0]
-
-    def _decode(self, id_lists: list[list[int]]) -> list[str]:
-        if self._fast_decoder is not None:
-            return self._fast_decoder.decode(id_lists)
-        return decode_ids(self.tokenizer, id_lists)
 
     def _observe_round(self, owed: list[Episode], counters: _TurnCounters) -> None:
         """Run this round's searches as one engine call and append every owed observation."""
