@@ -97,3 +97,32 @@ def apply_chat_template(tokenizer, messages: list[dict]) -> list[int]:
     # A tokenizer without a chat template (base models): plain concatenation of the contents.
     text = "".join(m["content"] for m in messages)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+# The single-process API's prompt (`search_r1.grpo`): ChatML (Qwen / SmolLM2 style), a system message
+# holding the instruction plus two worked examples (one that searches, one that answers from memory),
+# so a small model sees the whole tag protocol once before its first turn.
+GRPO_EXAMPLES = (
+    "\n\nExample 1 (a search is needed)\nQuestion: Who founded Veltra Systems?\n"
+    "<think> I do not know who founded Veltra Systems, so I search. </think>\n"
+    "<search> Veltra Systems founder </search>\n"
+    "<information>Doc 1(Title: Veltra Systems) Veltra Systems was founded by Ana Osk in 1987.\n"
+    "</information>\n"
+    "<think> The document says Ana Osk founded it. </think>\n<answer> Ana Osk </answer>\n\n"
+    "Example 2 (no search is needed)\nQuestion: What is the capital of France?\n"
+    "<think> I already know this. </think>\n<answer> Paris </answer>"
+)
+GRPO_SYSTEM_PROMPT = CHAT_SYSTEM_INSTRUCTION + GRPO_EXAMPLES
+CHATML_TEMPLATE = "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def grpo_messages(question: str) -> list[dict]:
+    """System (instruction + examples) and user ("Question: ...") messages of the GRPO API prompt."""
+    return [{"role": "system", "content": GRPO_SYSTEM_PROMPT},
+            {"role": "user", "content": CHAT_USER_MESSAGE.format(question=normalize_question(question)).rstrip()}]
+
+
+def chatml_prompt(question: str) -> str:
+    """`grpo_messages(question)` rendered as ChatML text, ending with the assistant header."""
+    system, user = (m["content"] for m in grpo_messages(question))
+    return CHATML_TEMPLATE.format(system=system, user=user)
