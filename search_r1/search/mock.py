@@ -17,16 +17,16 @@ class MockSearchEngine(SearchEngine):
     Every query asked is appended to `.queries` (tests check what the rollout searched for).
     """
 
-    def __init__(self, mapping: dict[str, str], default: str | None = None):
-        if not isinstance(mapping, dict):
-            raise ValueError("MockSearchEngine mapping must be a dict keyword -> text, "
-                             f"got {type(mapping).__name__}")
-        for key, text in mapping.items():
+    def __init__(self, knowledge_base: dict[str, str], default: str | None = None):
+        if not isinstance(knowledge_base, dict):
+            raise ValueError("MockSearchEngine knowledge_base must be a dict keyword -> text, "
+                             f"got {type(knowledge_base).__name__}")
+        for key, text in knowledge_base.items():
             if not isinstance(key, str) or not key.strip() or not isinstance(text, str):
-                raise ValueError("MockSearchEngine mapping entries must be non-empty str -> str, "
+                raise ValueError("MockSearchEngine knowledge_base entries must be non-empty str -> str, "
                                  f"got {key!r}: {text!r}")
         # Longest first (stable sort keeps insertion order among ties): "new york city" beats "york".
-        self._keys = sorted(((k.lower(), text) for k, text in mapping.items()), key=lambda kv: -len(kv[0]))
+        self._keys = sorted(((k.lower(), text) for k, text in knowledge_base.items()), key=lambda kv: -len(kv[0]))
         self.default = default
         self.queries: list[str] = []
 
