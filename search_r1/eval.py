@@ -1,0 +1,137 @@
+"""Evaluate a model on Search-R1 parquet files: EM / sub-EM / F1 per data_source.
+
+    python -m search_r1.eval --model outputs/grpo_cpu --data data/test.parquet --out eval/after \\
+        --retriever-url http://127.0.0.1:8000
+    python -m search_r1.eval --model smollm2-135m-instruct --data test.parquet --out eval/rag --rag \\
+        --retriever-index ~/.cache/search-r1/synth/default/index_bm25 --limit 300
+    python -m search_r1.eval --model Qwen/Qwen2.5-3B-Instruct --base-url http://127.0.0.1:8001 \\
+        --tokenizer /models/qwen2.5-3b --data nq_test.parquet --out eval/vllm --no-search
+    python -m search_r1.eval --compare eval/rag/results.json eval/after/results.json
+
+Greedy rollouts through the training rollout loop (`run_llm_loop`), scored with the training
+metric functions. Writes OUT/predictions.jsonl (per question: gold, prediction, scores, search
+queries, the whole trajectory), OUT/results.json and prints a markdown table. Re-running the same
+command resumes: questions already in predictions.jsonl are skipped. `search_r1.evaluation`
+holds the implementation.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from retriever_server.launcher import ServerStartError
+from search_r1.evaluation.metrics import METRICS, compare_table, markdown_table
+from search_r1.evaluation.runner import EvalConfig, evaluate
+from search_r1.rollout.backends import GenerationError
+from search_r1.search.base import SearchError
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = EvalConfig.__dataclass_fields__
+    p = argparse.ArgumentParser(
+        prog="python -m search_r1.eval",
+        description="Greedy evaluation of a model (HF dir, checkpoint, alias, or an OpenAI-compatible "
+                    "server) on Search-R1 parquet files, with search, without search, or with one "
+                    "retrieval (RAG). Prints EM / sub-EM / F1 / format / turns / searches per data_source.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", help="model alias (smollm2-135m-instruct, tiny-random-qwen3), an HF directory, a "
+                   "checkpoint dir (checkpoints/global_step_N), a training run dir (its latest checkpoint), or "
+                   "with --base-url the model name the server serves")
+    p.add_argument("--data", action="append", default=[], metavar="FILE.parquet",
+                   help="Search-R1 parquet file (repeat for several; e.g. from python -m search_r1.data.prepare)")
+    p.add_argument("--out", help="output directory (predictions.jsonl, results.json, run_config.json)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--no-search", action="store_true",
+                      help="baseline: direct-answer prompt, no retrieval (the paper's direct inference)")
+    mode.add_argument("--rag", action="store_true",
+                      help="baseline: retrieve once with the question, passages in the prompt, answer without "
+                           "further search (the paper's RAG)")
+    p.add_argument("--retriever-url", action="append", default=[], metavar="URL",
+                   help="a running retriever (http://HOST:PORT or .../retrieve); repeat for fail-over")
+    p.add_argument("--retriever-index", metavar="DIR",
+                   help="an index directory (python -m retriever_server build) to serve for this run")
+    p.add_argument("--topk", type=int, default=d["topk"].default, help="passages per search")
+    p.add_argument("--base-url", help="OpenAI-compatible server (e.g. `vllm serve`), http://HOST:PORT[/v1]")
+    p.add_argument("--tokenizer", help="tokenizer for --base-url (alias or HF dir); default: --model")
+    p.add_argument("--api-key-env", default=d["api_key_env"].default,
+                   help="environment variable holding the server's API key (keys never go on the command line)")
+    p.add_argument("--name", help="run name in tables (default: the --out directory name)")
+    p.add_argument("--limit", type=int, help="evaluate N questions: the first N of a seeded shuffle")
+    p.add_argument("--limit-per-source", type=int, help="at most N questions per data_source (seeded)")
+    p.add_argument("--seed", type=int, default=d["seed"].default, help="seed of the --limit sample")
+    p.add_argument("--batch-size", type=int, default=d["batch_size"].default, help="questions per rollout batch")
+    p.add_argument("--protocol", default="auto", choices=["auto", "tags", "tool_call"],
+                   help="action protocol; auto = tool_call if the prompt asks for <tool_call>, else tags")
+    p.add_argument("--max-turns", type=int, default=d["max_turns"].default,
+                   help="rounds in which a search is allowed (one more without search follows)")
+    p.add_argument("--max-start-length", type=int, default=d["max_start_length"].default,
+                   help="longest prompt in tokens; longer ones are dropped with a warning")
+    p.add_argument("--max-prompt-length", type=int, default=d["max_prompt_length"].default,
+                   help="longest rolling context (prompt + response)")
+    p.add_argument("--max-response-length", type=int, default=d["max_response_length"].default,
+                   help="longest response (generated + observation tokens, all turns)")
+    p.add_argument("--max-obs-length", type=int, default=d["max_obs_length"].default,
+                   help="longest search observation (and RAG context) in tokens")
+    p.add_argument("--max-tokens-per-turn", type=int, help="generation cap per round (default: response budget)")
+    p.add_argument("--dtype", default=d["dtype"].default, choices=["float32", "bfloat16"], help="local model dtype")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--overwrite", action="store_true", help="discard earlier predictions in --out instead of resuming")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--compare", nargs="+", metavar="RESULTS.json",
+                   help="print earlier runs' results side by side and exit (no evaluation)")
+    p.add_argument("--metrics", default="em,f1",
+                   help=f"metrics of the --compare table, comma-separated from {[m for m, _ in METRICS]}")
+    return p
+
+
+def _compare(paths: list[str], metrics: str) -> int:
+    results = []
+    for path in paths:
+        p = Path(path)
+        if p.is_dir():
+            p = p / "results.json"
+        if not p.is_file():
+            print(f"error: {p} does not exist (pass results.json files or eval output directories)", file=sys.stderr)
+            return 2
+        results.append(json.loads(p.read_text()))
+    print(compare_table(results, tuple(m.strip() for m in metrics.split(",") if m.strip())))
+    return 0
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.compare:
+            return _compare(args.compare, args.metrics)
+        missing = [flag for flag, value in (("--model", args.model), ("--data", args.data), ("--out", args.out))
+                   if not value]
+        if missing:
+            print(f"error: {', '.join(missing)} required (or --compare RESULTS.json ...)", file=sys.stderr)
+            return 2
+        cfg = EvalConfig(
+            model=args.model, data=tuple(args.data), out=args.out,
+            mode="no_search" if args.no_search else "rag" if args.rag else "search",
+            retriever_urls=tuple(args.retriever_url), retriever_index=args.retriever_index,
+            base_url=args.base_url, tokenizer=args.tokenizer, api_key_env=args.api_key_env, name=args.name,
+            limit=args.limit, limit_per_source=args.limit_per_source, seed=args.seed,
+            batch_size=args.batch_size, protocol=args.protocol, topk=args.topk, max_turns=args.max_turns,
+            max_start_length=args.max_start_length, max_prompt_length=args.max_prompt_length,
+            max_response_length=args.max_response_length, max_obs_length=args.max_obs_length,
+            max_tokens_per_turn=args.max_tokens_per_turn, dtype=args.dtype, threads=args.threads,
+            overwrite=args.overwrite, progress=not args.no_progress)
+        results = evaluate(cfg)
+    except (ValueError, FileNotFoundError, GenerationError, SearchError, ServerStartError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"\n{results['name']} ({results['mode']}, {results['n']} questions, model {results['model']})")
+    print(markdown_table(results["metrics"]))
+    print(f"\npredictions: {Path(cfg.out) / 'predictions.jsonl'}\nresults:     {Path(cfg.out) / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,419 @@
+"""Greedy evaluation of a model on Search-R1 parquet files: `evaluate(EvalConfig) -> results dict`.
+
+Three modes, the comparisons of the Search-R1 paper:
+  search     the data's own prompt; the model searches (up to max_turns rounds) and answers;
+  no_search  the direct-answer prompt (`prompts.NO_SEARCH_INSTRUCTION`), one round, no search;
+  rag        one retrieval with the question, the passages put in the prompt
+             (`prompts.RAG_INSTRUCTION`), one round, no search.
+Every mode runs `LLMGenerationManager.run_llm_loop(is_validation=True)` (greedy) in batches and
+scores with the training metric functions (`evaluation.metrics.score_response`).
+
+Output directory: `predictions.jsonl` (one line per question, appended after every batch, so an
+interrupted run resumes where it stopped: ids already there are skipped), `run_config.json` (the
+settings the predictions belong to; a resume with other settings is refused) and `results.json`
+(metrics per data_source and overall, the settings, timing).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from search_r1.evaluation.metrics import aggregate, score_response
+
+log = logging.getLogger("search_r1.eval")
+
+MODES = ("search", "no_search", "rag")
+PREDICTIONS = "predictions.jsonl"
+RESULTS = "results.json"
+RUN_CONFIG = "run_config.json"
+# Settings that change what a prediction is; a resumed run must match them.
+RESUME_KEYS = ("model", "data", "mode", "base_url", "protocol", "topk", "max_turns", "max_start_length",
+               "max_prompt_length", "max_response_length", "max_obs_length", "max_tokens_per_turn", "dtype")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation settings (the CLI flags of `python -m search_r1.eval`).
+
+    model: alias, HF directory, a checkpoint (checkpoints/global_step_N, or a run directory: its
+        latest checkpoint), or with base_url the model name the server serves.
+    data: Search-R1 parquet files. out: output directory.
+    mode: search | no_search | rag (see the module docstring).
+    retriever_urls / retriever_index: the retriever (URLs of running servers, or an index directory
+        served for this run on a free loopback port); needed by search and rag.
+    base_url: an OpenAI-compatible server (`vllm serve`); tokenizer: its tokenizer (default: model).
+    limit / limit_per_source: evaluate the first N questions (overall / per data_source) of a
+        seeded shuffle (seed); None = all.
+    batch_size: questions per run_llm_loop call. protocol: tags | tool_call | auto (from the prompt).
+    The remaining numbers are the rollout's GenerationConfig (upstream Search-R1's defaults).
+    """
+
+    model: str
+    data: tuple[str, ...]
+    out: str
+    mode: str = "search"
+    retriever_urls: tuple[str, ...] = ()
+    retriever_index: str | None = None
+    base_url: str | None = None
+    tokenizer: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    name: str | None = None
+    limit: int | None = None
+    limit_per_source: int | None = None
+    seed: int = 0
+    batch_size: int = 16
+    protocol: str = "auto"
+    topk: int = 3
+    max_turns: int = 2
+    max_start_length: int = 2048
+    max_prompt_length: int = 4096
+    max_response_length: int = 500
+    max_obs_length: int = 500
+    max_tokens_per_turn: int | None = None
+    dtype: str = "float32"
+    threads: int | None = None
+    overwrite: bool = False
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r} is unknown; choose one of {list(MODES)}")
+        if not self.data:
+            raise ValueError("no --data file; pass one or more Search-R1 parquet files")
+        for key in ("limit", "limit_per_source"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ValueError(f"--{key.replace('_', '-')} must be >= 1, got {value}")
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.protocol not in ("auto", "tags", "tool_call"):
+            raise ValueError(f"--protocol {self.protocol!r}; choose auto, tags or tool_call")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"--dtype {self.dtype!r}; choose float32 or bfloat16")
+        needs_retriever = self.mode != "no_search"
+        if needs_retriever and not self.retriever_urls and not self.retriever_index:
+            raise ValueError(f"mode {self.mode} needs a retriever: pass --retriever-url URL (a running "
+                             f"`python -m retriever_server serve`) or --retriever-index DIR (served for this "
+                             f"run), or use --no-search")
+        if self.retriever_urls and self.retriever_index:
+            raise ValueError("pass either --retriever-url or --retriever-index, not both")
+
+    def resume_view(self) -> dict:
+        d = dataclasses.asdict(self)
+        return {k: d[k] for k in RESUME_KEYS}
+
+
+@dataclass(frozen=True)
+class Example:
+    """One question to evaluate: id (the parquet `id` column, else "file:row"), its tokenized prompt."""
+
+    id: str
+    data_source: str
+    question: str | None
+    golden_answers: tuple[str, ...]
+    record: object  # search_r1.data.dataset.PromptRecord
+
+
+# -- model and data ----------------------------------------------------------------------------
+def resolve_model_dir(model: str) -> str:
+    """A checkpoint directory -> its HF `model/` subdirectory; a training run directory -> the HF
+    directory of its latest complete checkpoint; anything else unchanged (alias, HF dir, GGUF)."""
+    path = Path(model).expanduser()
+    if not path.is_dir() or (path / "config.json").is_file():
+        return model
+    if (path / "model" / "config.json").is_file():
+        return str(path / "model")
+    if (path / "checkpoints").is_dir():
+        from search_r1.trainer.checkpoint import CheckpointManager
+
+        latest = CheckpointManager(path / "checkpoints", keep_last=None).latest()
+        if latest is None:
+            raise ValueError(f"{path} is a training run directory without a complete checkpoint; pass "
+                             f"a checkpoint (checkpoints/global_step_N) or an HF model directory")
+        return str(Path(latest) / "model")
+    raise ValueError(f"{path} is neither an HF model directory (config.json), a checkpoint "
+                     f"(model/config.json) nor a training run directory (checkpoints/)")
+
+
+def load_examples(cfg: EvalConfig, tokenizer) -> list[Example]:
+    """Every row of every data file (prompts longer than max_start_length dropped with a warning)."""
+    import pandas as pd
+
+    from search_r1.data.dataset import PromptDataset
+
+    protocol = "tags" if cfg.protocol == "auto" else cfg.protocol
+    examples: list[Example] = []
+    seen: set[str] = set()
+    for i, path in enumerate(cfg.data):
+        ds = PromptDataset([path], tokenizer, cfg.max_start_length, protocol=protocol, on_overlong="skip")
+        columns = pd.read_parquet(path, columns=None).columns
+        ids = pd.read_parquet(path, columns=["id"])["id"].astype(str).tolist() if "id" in columns else None
+        for rec in ds.records:
+            row = int(rec.uid.rsplit(":", 1)[1])
+            qid = ids[row] if ids is not None else f"{Path(path).stem}:{row}"
+            if qid in seen:  # the same id in two files (e.g. the same test set twice): keep them apart
+                qid = f"{Path(path).name}#{i}:{qid}"
+            seen.add(qid)
+            examples.append(Example(qid, rec.data_source, rec.question, rec.golden_answers, rec))
+    return examples
+
+
+def select_examples(examples: list[Example], limit: int | None, limit_per_source: int | None,
+                    seed: int) -> list[Example]:
+    """The evaluated subset: a seeded shuffle, then the first `limit_per_source` of each source and
+    the first `limit` overall. A larger limit with the same seed extends a smaller one (resume)."""
+    if limit is None and limit_per_source is None:
+        return examples
+    order = list(examples)
+    random.Random(seed).shuffle(order)
+    if limit_per_source is not None:
+        taken: dict[str, int] = {}
+        kept = []
+        for ex in order:
+            if taken.get(ex.data_source, 0) < limit_per_source:
+                taken[ex.data_source] = taken.get(ex.data_source, 0) + 1
+                kept.append(ex)
+        order = kept
+    return order[:limit] if limit is not None else order
+
+
+def detect_protocol(tokenizer, examples: list[Example]) -> str:
+    """tool_call if the first prompt asks for <tool_call> JSON, else tags."""
+    if not examples:
+        return "tags"
+    text = tokenizer.decode(list(examples[0].record.input_ids))
+    return "tool_call" if "<tool_call>" in text else "tags"
+
+
+# -- predictions file --------------------------------------------------------------------------
+def read_predictions(path: Path) -> dict[str, dict]:
+    """id -> record of every complete line (a line cut by a crash is ignored and rewritten)."""
+    done: dict[str, dict] = {}
+    if not path.is_file():
+        return done
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            done[rec["id"]] = rec
+    return done
+
+
+def _prepare_out_dir(cfg: EvalConfig) -> dict[str, dict]:
+    """Create the output dir; return the predictions to reuse (after checking they match cfg)."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    preds, run_cfg = out / PREDICTIONS, out / RUN_CONFIG
+    if cfg.overwrite:
+        preds.unlink(missing_ok=True)
+        (out / RESULTS).unlink(missing_ok=True)
+    done = read_predictions(preds)
+    if done and run_cfg.is_file():
+        saved = json.loads(run_cfg.read_text())
+        mine = json.loads(json.dumps(cfg.resume_view()))  # tuples -> lists, as saved
+        diff = {k: (saved.get(k), mine[k]) for k in mine if saved.get(k) != mine[k]}
+        if diff:
+            raise ValueError(f"{out} holds predictions made with other settings {diff} (saved, now); "
+                             f"use another --out, or --overwrite to discard them")
+    if done:
+        # Rewrite without a possibly cut last line, so appends start on a fresh line.
+        with open(preds, "w", encoding="utf-8") as f:
+            for rec in done.values():
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    run_cfg.write_text(json.dumps(cfg.resume_view(), indent=2) + "\n")
+    return done
+
+
+# -- the run -----------------------------------------------------------------------------------
+class NullSearchEngine:
+    """The engine of the no-search and RAG modes: max_turns is 0 there, so the rollout never asks."""
+
+    def batch_search(self, queries):
+        raise RuntimeError("a search was requested in a mode without search (max_turns must be 0 here)")
+
+    def close(self) -> None:
+        pass
+
+
+def _open_retriever(cfg: EvalConfig, stack, out: Path):
+    """The RetrieverClient of the run (starting a server for --retriever-index), or None."""
+    if cfg.mode == "no_search":
+        return None
+    from search_r1.search import RetrieverClient
+
+    urls = list(cfg.retriever_urls)
+    if cfg.retriever_index:
+        from retriever_server.launcher import ServerProcess
+
+        server = ServerProcess([cfg.retriever_index], out / "retriever.log",
+                               flags=["--torch-threads", "1", "--faiss-threads", "1"])
+        server.start()
+        stack.callback(server.stop)
+        urls = [server.url]
+        log.warning("serving %s at %s for this evaluation", cfg.retriever_index, server.url)
+    client = RetrieverClient(urls if len(urls) > 1 else urls[0], topk=cfg.topk)
+    stack.callback(client.close)
+    return client
+
+
+def _load_generator(cfg: EvalConfig):
+    """(generator, tokenizer): HFGenerator over the local model, or OpenAIGenerator with --base-url."""
+    import torch
+
+    from search_r1.models import load_model_and_tokenizer, load_tokenizer
+    from search_r1.rollout.backends import HFGenerator, OpenAIGenerator
+
+    if cfg.base_url:
+        import os
+
+        tokenizer = load_tokenizer(resolve_model_dir(cfg.tokenizer or cfg.model))
+        generator = OpenAIGenerator(cfg.base_url, cfg.model, tokenizer=tokenizer,
+                                    api_key=os.environ.get(cfg.api_key_env))
+        return generator, tokenizer
+    dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+    model, tokenizer = load_model_and_tokenizer(resolve_model_dir(cfg.model), dtype=dtype)
+    return HFGenerator(model, tokenizer), tokenizer
+
+
+def _baseline_prompts(cfg: EvalConfig, tokenizer, batch: list[Example], engine) -> tuple[list[list[int]], list]:
+    """Prompt ids of the no-search / RAG baselines and the RAG context (None for no-search)."""
+    from search_r1.prompts import apply_chat_template, baseline_messages
+
+    missing = [ex.id for ex in batch if not ex.question]
+    if missing:
+        raise ValueError(f"rows {missing[:3]} have no recoverable question text (no `question` column and "
+                         f"no 'Question: ...' in the prompt); the {cfg.mode} baseline needs it")
+    contexts: list = [None] * len(batch)
+    if cfg.mode == "rag":
+        docs = engine.batch_search([ex.question for ex in batch])
+        # The same token budget a search observation gets in the search mode.
+        contexts = []
+        for d in docs:
+            ids = tokenizer(d, add_special_tokens=False)["input_ids"]
+            contexts.append(d if len(ids) <= cfg.max_obs_length else tokenizer.decode(ids[: cfg.max_obs_length]) + "\n")
+    prompts = [apply_chat_template(tokenizer, baseline_messages(ex.question, c)) for ex, c in zip(batch, contexts)]
+    return prompts, contexts
+
+
+def _policy_turns(tokenizer, ids: list[int], mask: list[int]) -> list[str]:
+    """Decoded runs of generated tokens (mask 1): one string per policy turn."""
+    turns, run = [], []
+    for t, m in zip(ids, mask):
+        if m:
+            run.append(t)
+        elif run:
+            turns.append(run)
+            run = []
+    if run:
+        turns.append(run)
+    return tokenizer.batch_decode(turns, skip_special_tokens=True) if turns else []
+
+
+def _records(out, batch: list[Example], tokenizer, protocol: str, contexts: list) -> list[dict]:
+    """One prediction record per rolled-out row of `out` (run_llm_loop's DataProto)."""
+    from search_r1.protocol import parse_action
+
+    responses = out.batch["responses"]
+    width = responses.shape[1]
+    lengths = out.batch["attention_mask"][:, -width:].sum(-1).tolist()
+    masks = out.batch["response_mask"]
+    meta = out.meta_info
+    # Decoded as the trainer decodes responses for its rewards (special tokens dropped).
+    texts = tokenizer.batch_decode([responses[i, :n].tolist() for i, n in enumerate(lengths)],
+                                   skip_special_tokens=True)
+    records = []
+    for i, ex in enumerate(batch):
+        n = lengths[i]
+        turns = _policy_turns(tokenizer, responses[i, :n].tolist(), masks[i, :n].tolist())
+        searches = int(meta["valid_search_stats"][i])
+        queries = [a.content for a in (parse_action(t, protocol) for t in turns) if a.kind == "search"][:searches]
+        rec = {"id": ex.id, "data_source": ex.data_source, "question": ex.question,
+               "golden_answers": list(ex.golden_answers)}
+        rec.update(score_response(texts[i], list(ex.golden_answers)))
+        rec.update({"answered": float(not meta["active_mask"][i]), "turns": int(meta["turns_stats"][i]),
+                    "searches": searches, "search_queries": queries,
+                    "truncated": bool(meta["truncated_mask"][i]), "response": texts[i]})
+        if contexts[i] is not None:
+            rec["context"] = contexts[i]
+        records.append(rec)
+    return records
+
+
+def evaluate(cfg: EvalConfig) -> dict:
+    """Run (or resume) the evaluation; write predictions.jsonl and results.json; return the results."""
+    import contextlib
+
+    import torch
+
+    from search_r1.data.dataset import collate_records
+    from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    done = _prepare_out_dir(cfg)
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        engine = _open_retriever(cfg, stack, out)
+        generator, tokenizer = _load_generator(cfg)
+        if hasattr(generator, "close"):
+            stack.callback(generator.close)
+        examples = select_examples(load_examples(cfg, tokenizer), cfg.limit, cfg.limit_per_source, cfg.seed)
+        protocol = detect_protocol(tokenizer, examples) if cfg.protocol == "auto" else cfg.protocol
+        gen_cfg = GenerationConfig(
+            max_turns=cfg.max_turns if cfg.mode == "search" else 0, max_start_length=cfg.max_start_length,
+            max_prompt_length=cfg.max_prompt_length, max_response_length=cfg.max_response_length,
+            max_obs_length=cfg.max_obs_length, topk=cfg.topk,
+            protocol=protocol if cfg.mode == "search" else "tags",
+            max_tokens_per_turn=cfg.max_tokens_per_turn, seed=cfg.seed)
+        manager = LLMGenerationManager(tokenizer, generator, gen_cfg,
+                                       engine if cfg.mode == "search" else NullSearchEngine(),
+                                       is_validation=True)
+        pending = [ex for ex in examples if ex.id not in done]
+        if done:
+            log.warning("resuming: %d of %d questions already in %s", len(examples) - len(pending),
+                        len(examples), out / PREDICTIONS)
+        t_load = time.perf_counter() - t0
+        pad = manager.pad_token_id
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(pending), desc=f"eval {cfg.mode}", unit="q", disable=not cfg.progress,
+                   dynamic_ncols=True)
+        em: list[float] = []
+        with open(out / PREDICTIONS, "a", encoding="utf-8") as f:
+            for start in range(0, len(pending), cfg.batch_size):
+                batch = pending[start:start + cfg.batch_size]
+                if cfg.mode == "search":
+                    prompts, contexts = [list(ex.record.input_ids) for ex in batch], [None] * len(batch)
+                else:
+                    prompts, contexts = _baseline_prompts(cfg, tokenizer, batch, engine)
+                records = [dataclasses.replace(ex.record, input_ids=tuple(p)) for ex, p in zip(batch, prompts)]
+                rollout = manager.run_llm_loop(collate_records(records, pad))
+                for rec in _records(rollout, batch, tokenizer, protocol, contexts):
+                    f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                    done[rec["id"]] = rec
+                    em.append(rec["em"])
+                f.flush()
+                bar.update(len(batch))
+                bar.set_postfix(em=f"{sum(em) / len(em):.3f}")
+        bar.close()
+    seconds = time.perf_counter() - t0
+    selected = [done[ex.id] for ex in examples if ex.id in done]
+    results = {
+        "name": cfg.name or out.resolve().name, "model": cfg.model, "mode": cfg.mode, "protocol": protocol,
+        "n": len(selected), "metrics": aggregate(selected),
+        "config": json.loads(json.dumps(dataclasses.asdict(cfg))),
+        "timing": {"seconds": round(seconds, 2), "load_seconds": round(t_load, 2), "evaluated_now": len(pending),
+                   "seconds_per_question": round((seconds - t_load) / max(1, len(pending)), 3)},
+    }
+    tmp = out / (RESULTS + ".part")
+    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    tmp.replace(out / RESULTS)
+    return results
