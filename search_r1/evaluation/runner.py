@@ -95,11 +95,6 @@ class EvalConfig:
             raise ValueError(f"--protocol {self.protocol!r}; choose auto, tags or tool_call")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"--dtype {self.dtype!r}; choose float32 or bfloat16")
-        needs_retriever = self.mode != "no_search"
-        if needs_retriever and not self.retriever_urls and not self.retriever_index:
-            raise ValueError(f"mode {self.mode} needs a retriever: pass --retriever-url URL (a running "
-                             f"`python -m retriever_server serve`) or --retriever-index DIR (served for this "
-                             f"run), or use --no-search")
         if self.retriever_urls and self.retriever_index:
             raise ValueError("pass either --retriever-url or --retriever-index, not both")
 
@@ -246,6 +241,10 @@ def _open_retriever(cfg: EvalConfig, stack, out: Path):
     """The RetrieverClient of the run (starting a server for --retriever-index), or None."""
     if cfg.mode == "no_search":
         return None
+    if not cfg.retriever_urls and not cfg.retriever_index:
+        raise ValueError(f"mode {cfg.mode} needs a retriever: pass --retriever-url URL (a running "
+                         f"`python -m retriever_server serve`) or --retriever-index DIR (served for this "
+                         f"run), or use --no-search")
     from search_r1.search import RetrieverClient
 
     urls = list(cfg.retriever_urls)
@@ -346,8 +345,15 @@ def _records(out, batch: list[Example], tokenizer, protocol: str, contexts: list
     return records
 
 
-def evaluate(cfg: EvalConfig) -> dict:
-    """Run (or resume) the evaluation; write predictions.jsonl and results.json; return the results."""
+def evaluate(cfg: EvalConfig, generator=None, tokenizer=None, search_engine=None) -> dict:
+    """Run (or resume) the evaluation; write predictions.jsonl and results.json; return the results.
+
+    `generator` + `tokenizer` (any `Generator`) replace the model named by cfg.model, and
+    `search_engine` (any `SearchEngine`) replaces the configured retriever: for tests and for callers
+    that already hold them (cfg.model is then only a label).
+    """
+    if (generator is None) != (tokenizer is None):
+        raise ValueError("pass generator and tokenizer together (the tokenizer must be the generator's)")
     import contextlib
 
     import torch
@@ -361,10 +367,11 @@ def evaluate(cfg: EvalConfig) -> dict:
     done = _prepare_out_dir(cfg)
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        engine = _open_retriever(cfg, stack, out)
-        generator, tokenizer = _load_generator(cfg)
-        if hasattr(generator, "close"):
-            stack.callback(generator.close)
+        engine = search_engine if search_engine is not None else _open_retriever(cfg, stack, out)
+        if generator is None:
+            generator, tokenizer = _load_generator(cfg)
+            if hasattr(generator, "close"):
+                stack.callback(generator.close)
         examples = select_examples(load_examples(cfg, tokenizer), cfg.limit, cfg.limit_per_source, cfg.seed)
         protocol = detect_protocol(tokenizer, examples) if cfg.protocol == "auto" else cfg.protocol
         gen_cfg = GenerationConfig(
