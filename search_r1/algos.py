@@ -7,9 +7,12 @@ contribute nothing to any loss or statistic.
 
 References: GRPO, Shao et al. 2024 (arXiv 2402.03300) eq. 3 (outcome supervision); PPO, Schulman
 et al. 2017 (arXiv 1707.06347) eq. 7; dual-clip PPO, Ye et al. 2019 (arXiv 1912.09729); K3 KL
-estimator, J. Schulman, "Approximating KL divergence" (2020). The numbers match verl 0.9's
-`core_algos` (`compute_grpo_outcome_advantage`, `kl_penalty(..., "low_var_kl")`,
-`compute_policy_loss_vanilla`, `agg_loss`); tests/search_r1/test_algos.py checks that.
+estimator, J. Schulman, "Approximating KL divergence" (2020); truncated importance sampling of a
+sampler that differs from the trainer, Yao et al. 2025 ("Your efficient RL framework secretly brings
+you off-policy RL training"). The numbers match verl 0.9's `core_algos` (`kl_penalty(...,
+"low_var_kl")`, `compute_policy_loss_vanilla`, `agg_loss`) and, with `std="unbiased", eps=1e-6`
+(verl's and upstream Search-R1's settings; our default is `population`, eps 1e-8, from the seed
+specification), `compute_grpo_outcome_advantage`; tests/search_r1/test_algos.py checks that.
 
 Registries (`ADV_ESTIMATORS`, `KL_ESTIMATORS`, `POLICY_LOSSES`, `AGG_MODES`) map config names to
 these functions; an unknown name raises ValueError listing the valid ones.
@@ -106,8 +109,9 @@ def compute_grpo_advantages(
 
         A_i = (r_i - mean_g) / (std_g + eps)       for i in group g = uid_i
 
-    `std` = "population" (divide the squared deviations by n), "unbiased" (by n - 1, as verl's
-    torch.std) or "none" (A_i = r_i - mean_g, Dr. GRPO, arXiv 2503.20783). A group with one member
+    `std` = "population" (divide the squared deviations by n; the default, from the seed
+    specification), "unbiased" (by n - 1, as verl's torch.std and upstream Search-R1, which use
+    eps 1e-6: only with those two settings do the numbers equal verl's) or "none" (A_i = r_i - mean_g, Dr. GRPO, arXiv 2503.20783). A group with one member
     gets A = 0 (no baseline to compare with; verl instead uses mean 0, std 1 there), and a group
     whose scores are all equal gets exactly 0 (tested as max == min, so rounding in the mean cannot
     turn into +-1 through a near-zero std).
@@ -241,6 +245,7 @@ def ppo_clip_loss(
     clip_high: float | None = None,
     clip_ratio_c: float | None = 3.0,
     normalizer: float | torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate (eq. 7 of arXiv 1707.06347) with dual clip for A < 0, as verl's vanilla loss.
 
@@ -248,6 +253,7 @@ def ppo_clip_loss(
         l1 = -A * ratio,  l2 = -A * clip(ratio, 1 - clip, 1 + clip_high)
         l = max(l1, l2)                                    (pessimistic bound)
         l = min(l, -A * clip_ratio_c)   where A < 0        (dual clip; clip_ratio_c=None disables)
+        l = l * w                       w = rollout_is_weights (detached), when given, as verl
         loss = agg_loss(l, mask, agg)
 
     `clip_high` defaults to `clip` (set it higher for DAPO's clip-higher). Observation tokens carry
@@ -275,6 +281,8 @@ def ppo_clip_loss(
     else:
         lower = torch.zeros_like(clipped, dtype=torch.bool)
         losses = clipped
+    if rollout_is_weights is not None:
+        losses = losses * rollout_is_weights.detach()  # (N, L): a change of measure, not of the objective
     loss = agg_loss(losses, mask, agg, normalizer)
     with torch.no_grad():
         stats = {
@@ -284,6 +292,55 @@ def ppo_clip_loss(
             "actor/ppo_kl": masked_mean(-log_ratio, mask).item(),
         }
     return loss, stats
+
+
+# --------------------------------------------------------------------------- sampler vs trainer
+
+ROLLOUT_IS_LEVELS = ("none", "token", "sequence")
+
+
+def truncated_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
+                       level: str = "token", threshold: float = 2.0) -> torch.Tensor:
+    """Truncated importance weights pi_old / pi_rollout for a sampler that is not the trainer (TIS).
+
+        token:     w_t = min(exp(old_t - rollout_t), threshold)
+        sequence:  w_t = min(exp(sum_t' m_t' (old_t' - rollout_t')), threshold)   (same for every t)
+
+    verl's `compute_rollout_correction_weights` with a single upper threshold (log-ratios clamped
+    to [-20, 20] before exp, as there). Shapes: (N, L) each -> (N, L), detached, 0 where mask is 0.
+    """
+    if level not in ("token", "sequence"):
+        raise ValueError(f"unknown rollout IS level {level!r}; valid: ['token', 'sequence'] (algorithm.rollout_is)")
+    log_ratio = (old_logp - rollout_logp).detach()  # (N, L)
+    if level == "sequence":
+        log_ratio = masked_sum(log_ratio, mask, dim=-1)[:, None].expand_as(old_logp)  # (N, 1) -> (N, L)
+    w = torch.exp(log_ratio.clamp(-20.0, 20.0)).clamp(max=threshold)
+    return w * mask.to(w.dtype)
+
+
+def rollout_mismatch_sums(old_logp: torch.Tensor, rollout_logp: torch.Tensor,
+                          mask: torch.Tensor) -> dict[str, float]:
+    """Sums and maxima of how far the sampler's log-probs are from the trainer's (one micro-batch).
+
+        d_t = |old_t - rollout_t|                    over tokens with mask 1
+        p_t = |exp(old_t) - exp(rollout_t)|          (verl's `rollout_probs_diff`, on probabilities)
+        rho_i = exp(sum_t m_t (old_t - rollout_t))   sequence importance ratio, rows with a token
+
+    Returns float sums `logp_diff_sum`, `prob_diff_sum`, `tokens`, `seq_ratio_sum`, `sequences` and
+    maxima `logp_diff_max`, `prob_diff_max`, `seq_ratio_max`, so micro-batches and ranks combine
+    by summing / taking the max. Shapes: (N, L) each.
+    """
+    m = mask.bool()
+    old, roll = old_logp.detach().double(), rollout_logp.detach().double()
+    d = (old - roll).abs()[m]
+    p = (old.exp() - roll.exp()).abs()[m]
+    has = m.any(dim=-1)  # (N,)
+    rho = torch.exp(masked_sum(old - roll, mask.double(), dim=-1).clamp(-20.0, 20.0))[has]  # (n_seq,)
+    return {"logp_diff_sum": float(d.sum()), "prob_diff_sum": float(p.sum()), "tokens": float(m.sum()),
+            "seq_ratio_sum": float(rho.sum()), "sequences": float(has.sum()),
+            "logp_diff_max": float(d.max()) if d.numel() else 0.0,
+            "prob_diff_max": float(p.max()) if p.numel() else 0.0,
+            "seq_ratio_max": float(rho.max()) if rho.numel() else 0.0}
 
 
 POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, float]]]] = {

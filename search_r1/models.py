@@ -339,3 +339,27 @@ def _hub_cache_dir(name: str) -> str:
             problem += f", and it is not in the local Hugging Face cache ({type(exc).__name__})"
     raise ValueError(f"{problem}. Known aliases: {sorted(ALIASES)}. Pass a local transformers "
                      "directory or GGUF file (downloading from a hub is disabled here).")
+
+
+def release_memory() -> None:
+    """Collect garbage and return freed heap pages to the OS (glibc keeps them otherwise, so RSS
+    would stay at the peak of the last rollout, update or warm-start)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
+def state_dict_sha256(model) -> str:
+    """sha256 over a model's state dict (names, dtypes, shapes and bytes, in name order): the
+    identity of its weights, independent of the file format they were loaded from."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().contiguous().cpu()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)  # no copy of the bytes
+    return h.hexdigest()

@@ -152,9 +152,11 @@ class RetrieverConfig:
 class RolloutConfig:
     # Samples per prompt (the GRPO group size G).
     n: int = 4
-    # Sampling temperature for training rollouts (validation is greedy).
+    # Sampling temperature for training rollouts (validation is greedy); > 0. Every log-prob pass
+    # (old, ref, policy) scores logits / temperature, the distribution sampled from.
     temperature: float = 1.0
-    # Nucleus sampling for training rollouts.
+    # Nucleus sampling for training rollouts: 1.0 only (the log-probs are of the untruncated
+    # distribution; sampling from a truncated one would make the update off-policy).
     top_p: float = 1.0
     # Generation rounds in which a search is allowed (one last round without search follows).
     max_turns: int = 1
@@ -172,8 +174,11 @@ class RolloutConfig:
 
     def __post_init__(self):
         _check_range("rollout.n", self.n, 1)
-        _check_range("rollout.temperature", self.temperature, 0)
-        _check_range("rollout.top_p", self.top_p, 0, 1, lo_open=True)
+        _check_range("rollout.temperature", self.temperature, 0, lo_open=True)
+        if self.top_p != 1.0:
+            raise _fail("rollout.top_p", self.top_p, "1.0",
+                        "set rollout.top_p=1.0: the training log-probs (old, ref, policy) are of the full "
+                        "softmax at rollout.temperature and do not account for nucleus truncation")
         _check_range("rollout.max_turns", self.max_turns, 0)
         for key in ("max_start_length", "max_prompt_length", "max_response_length", "max_obs_length",
                     "max_tokens_per_turn"):
@@ -188,9 +193,10 @@ class RolloutConfig:
 class AlgorithmConfig:
     # Training reward: seed (format + answer, range [-1, 2.5]) | em | f1 | subem.
     reward: str = "seed"
-    # GRPO group std: population | unbiased | none (Dr. GRPO: no std division).
+    # GRPO group std: population (the seed specification's, our default) | unbiased (verl's and
+    # upstream Search-R1's, with eps 1e-6) | none (Dr. GRPO: no std division).
     grpo_std: str = "population"
-    # Added to the group std before dividing.
+    # Added to the group std before dividing (verl and upstream: 1e-6).
     eps: float = 1.0e-8
     # PPO clip range epsilon: ratio clipped to [1 - clip_ratio, 1 + clip_ratio].
     clip_ratio: float = 0.2
@@ -206,6 +212,14 @@ class AlgorithmConfig:
     # update - ppo_epochs 1, one mini-batch - take them from the update's own forward, detached:
     # the same numbers, one forward pass fewer).
     old_log_prob: str = "auto"
+    # Truncated importance sampling of the rollout (verl's rollout correction): none | token |
+    # sequence. The PPO-clip term is weighted by min(pi_old / pi_rollout, rollout_is_threshold),
+    # per token or per sequence. Off by default: with the same weights sampling and training the
+    # mismatch (training/rollout_log_probs_diff_*) is numerics only; turn it on for a bf16 or vLLM
+    # sampler whose mismatch is not.
+    rollout_is: str = "none"
+    # Upper cap of the importance weights (verl's rollout_is_threshold).
+    rollout_is_threshold: float = 2.0
 
     def __post_init__(self):
         _check_choice("algorithm.reward", self.reward, _reward_names())
@@ -213,6 +227,8 @@ class AlgorithmConfig:
         _check_choice("algorithm.kl_type", self.kl_type, KL_TYPES)
         _check_choice("algorithm.loss_agg", self.loss_agg, AGG_MODES)
         _check_choice("algorithm.old_log_prob", self.old_log_prob, ("auto", "recompute"))
+        _check_choice("algorithm.rollout_is", self.rollout_is, ("none", "token", "sequence"))
+        _check_range("algorithm.rollout_is_threshold", self.rollout_is_threshold, 1.0)
         _check_range("algorithm.eps", self.eps, 0)
         _check_range("algorithm.clip_ratio", self.clip_ratio, 0, 1, lo_open=True)
         _check_range("algorithm.kl_coef", self.kl_coef, 0)
@@ -378,6 +394,33 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return {name: _plain(dataclasses.asdict(getattr(self, name))) for name in SECTIONS}
+
+
+# Settings a resumed run cannot change: the checkpoint's state would silently override them (AdamW's
+# param groups carry lr/betas/weight_decay, the scheduler its base lr, the data loader its seed,
+# position and batch boundaries) or they define the KL reference. section -> keys (None = all).
+RESUME_BOUND: dict[str, tuple[tuple[str, ...] | None, str]] = {
+    "optim": (None, "the optimizer and scheduler state restore the saved value"),
+    "model": (("name",), "the checkpoint holds weights of the saved model"),
+    "warmstart": (None, "the KL reference is the warm-started model of the saved settings"),
+    "trainer": (("batch_size", "mini_batch_size", "seed"),
+                "the data loader restores the saved batch boundaries, seed and position"),
+    "rollout": (("n",), "the group size is part of the saved batch shape"),
+    "data": (("dir", "train_files", "synth_seed"), "the data-loader position indexes the saved training data"),
+}
+
+
+def resume_conflicts(saved: dict, new: dict) -> list[str]:
+    """Settings of `new` (TrainConfig.to_dict) that differ from the checkpoint's `saved` config in a
+    key listed in RESUME_BOUND; one line each: `key: saved X, new Y (why)`. Other keys (steps,
+    logging, validation, retriever, algorithm) apply to the resumed run as set."""
+    out = []
+    for section, (keys, why) in RESUME_BOUND.items():
+        old, cur = saved.get(section, {}), new.get(section, {})
+        for key in (keys if keys is not None else sorted(set(old) | set(cur))):
+            if key in old and old.get(key) != cur.get(key):
+                out.append(f"{section}.{key}: saved {old.get(key)!r}, new {cur.get(key)!r} ({why})")
+    return out
 
 
 def _plain(d: dict) -> dict:

@@ -133,7 +133,8 @@ def worker_spec(cfg: TrainConfig, model_path: str | None = None):
         model_name=model_path or cfg.model.name, compute_dtype=cfg.model.compute_dtype, rollout_dtype=cfg.model.rollout_dtype, threads=t.threads_per_worker,
         seed=t.seed, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
         grad_clip=o.grad_clip, clip_ratio=a.clip_ratio, kl_coef=a.kl_coef, kl_type=a.kl_type,
-        entropy_coef=a.entropy_coef, loss_agg=a.loss_agg, ppo_epochs=t.ppo_epochs,
+        entropy_coef=a.entropy_coef, loss_agg=a.loss_agg, temperature=cfg.rollout.temperature,
+        rollout_is=a.rollout_is, rollout_is_threshold=a.rollout_is_threshold, ppo_epochs=t.ppo_epochs,
         micro_batch_size=t.micro_batch_size, use_ref=a.kl_coef > 0)
 
 

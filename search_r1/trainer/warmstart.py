@@ -258,7 +258,7 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
     """Path of the warm-started HF directory (built now or reused) and its meta dict."""
     import torch
 
-    from search_r1.models import load_model_and_tokenizer, load_tokenizer
+    from search_r1.models import load_model_and_tokenizer, load_tokenizer, release_memory
     from search_r1.paths import home
 
     tokenizer = load_tokenizer(model_name)
@@ -299,7 +299,7 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
         del model
     finally:
         torch.set_num_threads(threads_before)
-        _release_memory()
+        release_memory()
     print(f"[warmstart] loss {losses[0]:.3f} -> {losses[-1]:.3f} in {meta['seconds']} s; saved {target}", flush=True)
     return target, meta
 
@@ -311,15 +311,3 @@ def ensure_warmstart_with_url(model_name: str, url: str, topk: int, timeout: flo
 
     client = RetrieverClient(url, topk=topk, timeout=timeout, retries=retries)
     return str(ensure_warmstart(model_name, client, train_files, **kwargs)[0])
-
-
-def _release_memory() -> None:
-    import gc
-
-    gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

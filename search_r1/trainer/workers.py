@@ -16,16 +16,26 @@ summed with one all-reduce, so every rank applies the same update and the weight
 k-th local mini-batch of every rank together is exactly the k-th global mini-batch: DP=2 computes the
 same update as DP=1 on the same global batch.
 
+On-policy: sampling and training read the same distribution. Every log-prob pass (old, ref, policy)
+divides the logits by the rollout temperature, as the sampler does, and the sampler reports its
+log-probs at that temperature (`logprobs_mode="processed"`; top-p < 1 is rejected by the config),
+so `rollout_log_probs` and the old log-probs differ only by numerics: by the bf16 rounding of the
+rollout copy (`model.rollout_dtype=bfloat16`), by KV-cache vs full-sequence kernels. `update_actor`
+reports that difference every step (`training/rollout_*`, `rollout_corr/*`) and, when
+`rollout_is` is set, multiplies the policy-gradient term by truncated importance weights
+pi_old / pi_rollout (verl's rollout correction).
+
 `WorkerGroupGenerator` adapts the worker group to the rollout's `Generator` protocol, so
 `LLMGenerationManager.run_llm_loop` on the driver drives generation on the workers.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -33,6 +43,7 @@ from verl import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
+from search_r1.models import release_memory
 from search_r1.rollout.backends import GenOutput, SamplingParams
 
 # Seed offset between ranks so that data-parallel shards do not share sampling noise.
@@ -60,6 +71,11 @@ class WorkerSpec:
     kl_type: str = "low_var_kl"
     entropy_coef: float = 0.001
     loss_agg: str = "token-mean"
+    # sampling temperature: every log-prob pass scores logits / temperature, as the sampler draws
+    temperature: float = 1.0
+    # truncated importance sampling of the rollout: none | token | sequence, weights capped at threshold
+    rollout_is: str = "none"
+    rollout_is_threshold: float = 2.0
     # batching
     ppo_epochs: int = 1
     micro_batch_size: int = 4
@@ -87,6 +103,68 @@ def arrange_for_dp(batch: DataProto, n_mini_batches: int, world_size: int) -> Da
     return batch.select_idxs(torch.tensor(order, dtype=torch.long))
 
 
+@dataclass
+class UpdateStats:
+    """Sums over one mini-batch's micro-batches (all ranks after `reduce`); maxima where named so.
+
+    pg_loss, kl_loss, entropy are already divided by the global normaliser (they sum to the
+    mini-batch's loss terms); the other sums are over generated tokens / sequences.
+    """
+
+    pg_loss: float = 0.0
+    kl_loss: float = 0.0
+    entropy: float = 0.0
+    clipfrac_tokens: float = 0.0  # sum over tokens of 1[clipped]
+    ppo_kl_tokens: float = 0.0  # sum over tokens of old - logp
+    tokens: float = 0.0
+    # sampler vs trainer (algos.rollout_mismatch_sums)
+    logp_diff_sum: float = 0.0
+    prob_diff_sum: float = 0.0
+    seq_ratio_sum: float = 0.0
+    sequences: float = 0.0
+    logp_diff_max: float = 0.0
+    prob_diff_max: float = 0.0
+    seq_ratio_max: float = 0.0
+
+    def add(self, **values: float) -> None:
+        for k, v in values.items():
+            setattr(self, k, max(getattr(self, k), v) if k.endswith("_max") else getattr(self, k) + v)
+
+    def reduce(self, all_reduce) -> "UpdateStats":
+        """Combine over ranks: `all_reduce(tensor, op)` sums the sums and takes the max of the maxima."""
+        names = [f.name for f in fields(self)]
+        sums = [n for n in names if not n.endswith("_max")]
+        maxes = [n for n in names if n.endswith("_max")]
+        s = all_reduce(torch.tensor([getattr(self, n) for n in sums], dtype=torch.float64), "sum")
+        m = all_reduce(torch.tensor([getattr(self, n) for n in maxes], dtype=torch.float64), "max")
+        return UpdateStats(**dict(zip(sums, s.tolist())), **dict(zip(maxes, m.tolist())))
+
+    def mismatch_metrics(self) -> dict[str, float]:
+        """Sampler vs trainer, verl's names (`training/rollout_probs_diff_*` on probabilities, as
+        verl; `training/rollout_log_probs_diff_*` on log-probs; `rollout_corr/rollout_is_seq_*` the
+        sequence-level ratio pi_old / pi_rollout)."""
+        tokens, seqs = max(self.tokens, 1.0), max(self.sequences, 1.0)
+        return {"training/rollout_log_probs_diff_mean": self.logp_diff_sum / tokens,
+                "training/rollout_log_probs_diff_max": self.logp_diff_max,
+                "training/rollout_probs_diff_mean": self.prob_diff_sum / tokens,
+                "training/rollout_probs_diff_max": self.prob_diff_max,
+                "rollout_corr/rollout_is_seq_mean": self.seq_ratio_sum / seqs,
+                "rollout_corr/rollout_is_seq_max": self.seq_ratio_max}
+
+
+def rollout_copy(model, dtype: torch.dtype):
+    """A frozen copy of `model` for sampling, with its parameters in `dtype` and its buffers as they are.
+
+    `model.to(bfloat16)` would cast floating buffers too, among them the rotary `inv_freq`: the
+    angles position * inv_freq then drift (up to ~1.3 rad for SmolLM2 within 1,024 positions), and
+    the sampler is no longer the policy being trained. Tied parameters stay tied (cast once).
+    """
+    out = copy.deepcopy(model)
+    for p in out.parameters():
+        p.data = p.data.to(dtype)
+    return out.requires_grad_(False)
+
+
 def _split_rows(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
@@ -108,6 +186,10 @@ class PolicyWorker(Worker):
         spec = self.spec
         torch.set_num_threads(spec.threads)
         torch.manual_seed(spec.seed)
+        if spec.rollout_is not in ("none", "token", "sequence"):
+            raise ValueError(f"WorkerSpec.rollout_is={spec.rollout_is!r}; valid: none, token, sequence")
+        if not spec.temperature > 0:
+            raise ValueError(f"WorkerSpec.temperature must be > 0 (log-probs divide by it), got {spec.temperature}")
         if self.world_size > 1 and not torch.distributed.is_initialized():
             torch.distributed.init_process_group(
                 "gloo", rank=self.rank, world_size=self.world_size,
@@ -115,10 +197,16 @@ class PolicyWorker(Worker):
         self.model, self.tokenizer = load_model_and_tokenizer(spec.model_name, dtype=torch.float32)
         self.model.eval()  # no dropout: log-probs of training and of old/ref passes must agree
         self.ref_model = None
+        self.ref_identity = None
         if spec.use_ref:
             self.ref_model, _ = load_model_and_tokenizer(spec.model_name, dtype=torch.float32)
             self.ref_model.eval().requires_grad_(False)
         self._broadcast_weights()
+        if self.ref_model is not None:  # after the broadcast: the reference every rank really uses
+            from search_r1.models import resolve_model_path, state_dict_sha256
+
+            self.ref_identity = {"path": str(resolve_model_path(spec.model_name)),
+                                 "sha256": state_dict_sha256(self.ref_model)}
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=spec.lr, betas=spec.betas,
                                            weight_decay=spec.weight_decay)
@@ -129,9 +217,7 @@ class PolicyWorker(Worker):
         # is memory-bound on CPU, so bf16 weights sample about twice as fast).
         self.rollout_model = self.model
         if spec.rollout_dtype == "bfloat16":
-            import copy
-
-            self.rollout_model = copy.deepcopy(self.model).to(torch.bfloat16).requires_grad_(False)
+            self.rollout_model = rollout_copy(self.model, torch.bfloat16)
         self.generator = None  # built on first use
         return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
                 "threads": torch.get_num_threads(), "n_params": sum(p.numel() for p in self.params)}
@@ -157,7 +243,10 @@ class PolicyWorker(Worker):
         if self.generator is None:
             from search_r1.rollout.backends import HFGenerator
 
-            self.generator = HFGenerator(self.rollout_model, self.tokenizer, batch_size=self.spec.gen_batch_size)
+            # "processed": log-probs of the distribution sampled from (logits / T), the same
+            # quantity the old/ref/policy passes compute, so rollout and old log-probs compare
+            self.generator = HFGenerator(self.rollout_model, self.tokenizer, batch_size=self.spec.gen_batch_size,
+                                         logprobs_mode="processed")
         params = SamplingParams(**data.meta_info["sampling"])
         if params.seed is not None:
             params = dataclasses.replace(params, seed=params.seed + self.rank * RANK_SEED_STRIDE)
@@ -165,7 +254,7 @@ class PolicyWorker(Worker):
         t0 = time.perf_counter()
         with torch.no_grad(), self._autocast():
             outs = self.generator.generate(prompts, params)
-        _release_memory()
+        release_memory()
         return DataProto.from_dict(non_tensors={
             "token_ids": _objects([list(o.token_ids) for o in outs]),
             "logprobs": _objects([list(o.logprobs) for o in outs]),
@@ -180,7 +269,8 @@ class PolicyWorker(Worker):
         input_ids = [left-padded prompt (P) | right-padded response (R)], T = P + R. The logits at
         position t predict token t+1, so the response tokens [P, T) are scored by positions [P-1, T-1).
         Columns that are padding in every row of the micro-batch are cut off on both sides, and only
-        the response logits are materialised (`logits_to_keep`).
+        the response logits are materialised (`logits_to_keep`). Logits are divided by the sampling
+        temperature (verl's `logits.div_(temperature)`): the distribution scored is the one sampled.
         Returns logp (m, R) and entropy (m, R) or None; zero past the trimmed end.
         """
         ids = data.batch["input_ids"][rows]  # (m, T)
@@ -197,7 +287,7 @@ class PolicyWorker(Worker):
         with self._autocast():
             out = model(input_ids=ids[:, a:e], attention_mask=attn[:, a:e], position_ids=pos[:, a:e],
                         use_cache=False, logits_to_keep=r_eff + 1)
-        logits = out.logits[:, :-1].float()  # (m, r_eff, V): positions P-1 .. e-2
+        logits = out.logits[:, :-1].float() / self.spec.temperature  # (m, r_eff, V): positions P-1 .. e-2
         targets = ids[:, P:e]  # (m, r_eff)
         logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
         ent = None
@@ -237,9 +327,10 @@ class PolicyWorker(Worker):
                                    meta_info={"metrics": {"worker_s": time.perf_counter() - t0}})
 
     # -- update -------------------------------------------------------------------------------------
-    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+    def _all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if self.world_size > 1:
-            torch.distributed.all_reduce(t)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX if op == "max"
+                                         else torch.distributed.ReduceOp.SUM)
         return t
 
     def _normalizer(self, mask: torch.Tensor) -> float:
@@ -255,13 +346,15 @@ class PolicyWorker(Worker):
         """PPO-clip + K3 KL - entropy bonus over mini-batches; one scheduler step per call.
 
         data (local shard, arranged with `arrange_for_dp`): input_ids, attention_mask, position_ids,
-        responses, response_mask (N, R), old_log_probs, ref_log_prob, advantages (N, R).
+        responses, response_mask (N, R), old_log_probs, ref_log_prob, rollout_log_probs, advantages (N, R).
         meta_info["n_mini_batches"]: mini-batches per epoch (same on every rank).
 
             loss = PPO-clip(logp, old, A) + kl_coef * KL_k3(logp, ref) - entropy_coef * H(pi)
 
-        each term aggregated over response_mask across the global mini-batch. Returns metrics
-        averaged over mini-batches (identical on every rank after the all-reduces).
+        each term aggregated over response_mask across the global mini-batch (the PPO-clip term
+        weighted by truncated pi_old / pi_rollout when spec.rollout_is is set). Returns metrics
+        averaged over mini-batches, and the sampler/trainer mismatch of the first epoch (identical
+        on every rank after the all-reduces).
         """
         spec = self.spec
         t0 = time.perf_counter()
@@ -270,7 +363,8 @@ class PolicyWorker(Worker):
         # mini-batch's log-probs bit-identical to compute_log_prob's (ratio exactly 1 on-policy).
         sums: dict[str, float] = {}
         n_updates = 0
-        for _ in range(spec.ppo_epochs):
+        mismatch = UpdateStats()
+        for epoch in range(spec.ppo_epochs):
             for mb in _chunk(data, n_mini):
                 norm = self._normalizer(mb.batch["response_mask"].float())
                 self.optimizer.zero_grad(set_to_none=False)
@@ -281,32 +375,38 @@ class PolicyWorker(Worker):
                     self.optimizer.step()
                 else:  # a non-finite gradient would poison AdamW's moments on every rank
                     self.optimizer.zero_grad(set_to_none=False)
-                self._all_reduce(stats)
-                tokens = max(float(stats[5]), 1.0)
-                for k, v in {"actor/pg_loss": stats[0], "actor/kl_loss": stats[1], "actor/entropy": stats[2],
-                             "actor/pg_clipfrac": stats[3] / tokens, "actor/ppo_kl": stats[4] / tokens,
-                             "actor/grad_norm": grad_norm, "actor/update_tokens": stats[5]}.items():
+                stats = stats.reduce(self._all_reduce)
+                if epoch == 0:  # pi_old and pi_rollout do not change between epochs
+                    mismatch.add(**{f.name: getattr(stats, f.name) for f in fields(stats)
+                                    if f.name in ("tokens", "sequences") or f.name.startswith(
+                                        ("logp_diff", "prob_diff", "seq_ratio"))})
+                tokens = max(stats.tokens, 1.0)
+                for k, v in {"actor/pg_loss": stats.pg_loss, "actor/kl_loss": stats.kl_loss,
+                             "actor/entropy": stats.entropy, "actor/pg_clipfrac": stats.clipfrac_tokens / tokens,
+                             "actor/ppo_kl": stats.ppo_kl_tokens / tokens, "actor/grad_norm": grad_norm,
+                             "actor/update_tokens": stats.tokens}.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
                 n_updates += 1
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self._sync_rollout_weights()
         self.optimizer.zero_grad(set_to_none=True)  # gradients are not needed until the next update
-        _release_memory()
+        release_memory()
         metrics = {k: v / n_updates for k, v in sums.items()}
+        metrics.update(mismatch.mismatch_metrics())
         metrics["actor/lr"] = lr
         metrics["perf/update_worker_s"] = time.perf_counter() - t0
         metrics["actor/grad_nonfinite"] = float(not math.isfinite(metrics["actor/grad_norm"]))
         return metrics
 
-    def accumulate_grads(self, mb: DataProto, norm: float) -> torch.Tensor:
+    def accumulate_grads(self, mb: DataProto, norm: float) -> UpdateStats:
         """Backpropagate the loss of one (local) mini-batch in micro-batches; grads accumulate.
 
         `norm` is the global aggregation denominator, so the summed micro-batch losses of all ranks
-        equal the loss of the global mini-batch. Returns float64 sums
-        [pg_loss, kl_loss, entropy, clipfrac * tokens, ppo_kl * tokens, tokens].
+        equal the loss of the global mini-batch. Returns this rank's `UpdateStats`.
         """
-        from search_r1.algos import agg_loss, get_kl_estimator, ppo_clip_loss
+        from search_r1.algos import (agg_loss, get_kl_estimator, ppo_clip_loss, rollout_mismatch_sums,
+                                     truncated_is_weights)
 
         spec = self.spec
         kl_fn = get_kl_estimator(spec.kl_type)
@@ -314,15 +414,18 @@ class PolicyWorker(Worker):
         # On-policy single update: pi_old is the current policy, so its log-probs are this very
         # forward pass, detached (the same numbers a separate compute_log_prob pass would give).
         old_is_current = bool(mb.meta_info.get("old_is_current", False))
-        stats = torch.zeros(6, dtype=torch.float64)
+        stats = UpdateStats()
         for rows in _split_rows(len(mb), spec.micro_batch_size):
             m = mask[rows]
             # entropy is always reported; it joins the graph only when it is part of the loss
             logp, ent = self._forward_logprobs(self.model, mb, rows, with_entropy=True,
                                                entropy_grad=spec.entropy_coef > 0)
             old = logp.detach() if old_is_current else mb.batch["old_log_probs"][rows]
-            pg, st = ppo_clip_loss(logp, old, mb.batch["advantages"][rows],
-                                   m, clip=spec.clip_ratio, agg=spec.loss_agg, normalizer=norm)
+            rollout = mb.batch["rollout_log_probs"][rows]
+            is_w = (truncated_is_weights(old, rollout, m, spec.rollout_is, spec.rollout_is_threshold)
+                    if spec.rollout_is != "none" else None)
+            pg, st = ppo_clip_loss(logp, old, mb.batch["advantages"][rows], m, clip=spec.clip_ratio,
+                                   agg=spec.loss_agg, normalizer=norm, rollout_is_weights=is_w)
             loss = pg
             kl = torch.zeros(())
             if spec.kl_coef > 0:
@@ -333,8 +436,10 @@ class PolicyWorker(Worker):
                 loss = loss - spec.entropy_coef * ent_term
             loss.backward()
             t = float(m.sum())
-            stats += torch.tensor([pg.item(), kl.item(), ent_term.item(),
-                                   st["actor/pg_clipfrac"] * t, st["actor/ppo_kl"] * t, t], dtype=torch.float64)
+            mm = rollout_mismatch_sums(old, rollout, m)
+            mm.pop("tokens")
+            stats.add(pg_loss=pg.item(), kl_loss=kl.item(), entropy=ent_term.item(), tokens=t,
+                      clipfrac_tokens=st["actor/pg_clipfrac"] * t, ppo_kl_tokens=st["actor/ppo_kl"] * t, **mm)
         return stats
 
     def _sync_rollout_weights(self) -> None:
@@ -390,6 +495,11 @@ class PolicyWorker(Worker):
                 "dataloader": state["dataloader"], "rng": state["rng"]}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def reference_identity(self) -> dict | None:
+        """{"path", "sha256"} of the KL reference's weights (None without a reference)."""
+        return self.ref_identity
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weights_digest(self) -> list[float]:
         """Per-parameter sums of the policy weights (float64), to compare replicas and runs."""
         return [float(p.detach().double().sum()) for p in self.model.parameters()]
@@ -404,16 +514,6 @@ def worker_seconds(out: DataProto) -> float:
     """Compute time inside the workers of a DP call (the slowest rank), from meta_info metrics."""
     value = out.meta_info.get("metrics", {}).get("worker_s", 0.0)
     return float(max(value)) if isinstance(value, list) else float(value)
-
-
-def _release_memory() -> None:
-    """Return freed heap pages to the OS (glibc keeps them otherwise; RSS would stay at the peak)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
 
 
 def _chunk(data: DataProto, n: int) -> list[DataProto]:

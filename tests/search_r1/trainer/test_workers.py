@@ -30,6 +30,7 @@ def fixed_batch(n=4, p=6, r=5, seed=0) -> DataProto:
 def with_targets(worker, batch: DataProto, adv_per_row) -> DataProto:
     batch.batch["old_log_probs"] = worker.compute_log_prob(batch).batch["old_log_probs"]
     batch.batch["ref_log_prob"] = worker.compute_ref_log_prob(batch).batch["ref_log_prob"]
+    batch.batch["rollout_log_probs"] = batch.batch["old_log_probs"].clone()  # an exact sampler
     batch.batch["advantages"] = torch.tensor(adv_per_row)[:, None] * batch.batch["response_mask"]
     return batch
 
@@ -85,7 +86,7 @@ def test_observation_tokens_get_zero_gradient(local_worker_factory):
     assert g0.abs().sum() > 0
     perturbed = DataProto.from_dict({k: v.clone() for k, v in base.batch.items()})
     noise = torch.randn(mask.shape) * 50
-    for key in ("advantages", "old_log_probs", "ref_log_prob"):
+    for key in ("advantages", "old_log_probs", "ref_log_prob", "rollout_log_probs"):
         perturbed.batch[key] = torch.where(mask, perturbed.batch[key], noise)  # only masked positions change
     torch.testing.assert_close(grads(perturbed), g0, atol=0, rtol=0)
     # control: the same perturbation on one generated token does change the gradient
