@@ -1,0 +1,167 @@
+"""A CPU platform for verl 0.9's platform registry, so verl's own trainer runs without an accelerator.
+
+Selected by `VERL_PLATFORM=cpu` (verl reads it in `verl.plugin.platform.platform_manager.
+_detect_platform_name`); `register()` in `verl_ext.cpu` adds the class to `PlatformRegistry` in
+every process that imports verl (the `verl.plugins` entry point), before anything calls
+`get_platform()`. It is never auto-detected: `is_platform_available` is False, so a GPU machine
+without the variable keeps verl's own detection.
+
+What verl asks of a platform and why the answers are these:
+- `device_name` "cpu", `current_device()` "cpu": verl moves tensors with `.to(get_device_id())`;
+  on CPU-only torch `.to(0)` means cuda:0 and raises, `.to("cpu")` is right.
+- `device_module`: `torch.cpu` lacks `empty_cache`, memory statistics, `mem_get_info` and the
+  RNG-state calls verl makes through `get_torch_device()`; `CPU_DEVICE_MODULE` adds them with
+  CPU meanings (no cache to empty, process RSS as "allocated", the CPU RNG state).
+- `communication_backend_name` "gloo": torch's only CPU collective backend.
+- `ray_resource_name` "GPU": verl's resource pools always ask Ray for accelerators
+  (`ResourcePoolManager.create_resource_pool` passes `use_gpu=True`, `_check_resource_available`
+  counts "GPU"/"NPU"). Starting Ray with `num_gpus=N` creates N *logical* GPU slots that only
+  schedule the N training processes; nothing touches a real GPU (CPU-only torch cannot).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import types
+from contextlib import contextmanager
+from typing import Any, Optional
+
+import torch
+
+from verl.plugin.platform import PlatformBase
+
+PLATFORM_NAME = "cpu"
+
+
+def _rss_bytes() -> int:
+    """Resident set size of this process (what "allocated device memory" means on a CPU)."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # psutil missing or /proc unreadable: report nothing rather than fail a log line
+        return 0
+
+
+def _mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes of host memory, the shape of `torch.cuda.mem_get_info`."""
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return int(vm.available), int(vm.total)
+
+
+def _build_device_module() -> types.ModuleType:
+    """`torch.cpu` plus the calls verl makes on `get_torch_device()` that torch.cpu does not have."""
+    mod = types.ModuleType("verl_ext.cpu.device_module", "torch.cpu with the CUDA-module calls verl uses")
+    for name in dir(torch.cpu):
+        if not name.startswith("_"):
+            setattr(mod, name, getattr(torch.cpu, name))
+    noop = lambda *args, **kwargs: None  # noqa: E731  (no allocator cache or IPC handles on CPU)
+    mod.empty_cache = noop
+    mod.ipc_collect = noop
+    mod.reset_peak_memory_stats = noop
+    mod.set_per_process_memory_fraction = noop
+    mod.memory_allocated = lambda device=None: _rss_bytes()
+    mod.memory_reserved = lambda device=None: _rss_bytes()
+    mod.max_memory_allocated = lambda device=None: _rss_bytes()
+    mod.max_memory_reserved = lambda device=None: _rss_bytes()
+    mod.mem_get_info = _mem_get_info
+    mod.get_rng_state = lambda device=None: torch.get_rng_state()
+    mod.set_rng_state = lambda state, device=None: torch.set_rng_state(state)
+    mod.manual_seed = torch.manual_seed
+    mod.manual_seed_all = torch.manual_seed
+    mod.get_device_name = lambda device=None: "cpu"
+    # torch.cpu.current_device() already returns "cpu"; set_device/synchronize/Stream exist there.
+    return mod
+
+
+CPU_DEVICE_MODULE = _build_device_module()
+sys.modules.setdefault(CPU_DEVICE_MODULE.__name__, CPU_DEVICE_MODULE)
+
+
+class PlatformCPU(PlatformBase):
+    """verl platform for CPU-only hosts (tests and small runs of verl's own trainer)."""
+
+    @property
+    def device_name(self) -> str:
+        return "cpu"
+
+    @property
+    def vendor_name(self) -> str:
+        return "cpu"
+
+    @property
+    def device_module(self) -> types.ModuleType:
+        return CPU_DEVICE_MODULE
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_platform_available(self, use_smi_check: bool = False) -> bool:
+        # Only chosen explicitly (VERL_PLATFORM=cpu): auto-detection must keep preferring accelerators.
+        return False
+
+    def current_device(self) -> str:  # verl's annotation says int; "cpu" is what `.to()` needs here
+        return "cpu"
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device_index: int) -> None:
+        return None
+
+    def synchronize(self, device_index: Optional[int] = None) -> None:
+        return None
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def set_allocator_settings(self, settings: str) -> None:
+        return None  # no CUDA caching allocator to configure
+
+    def empty_cache(self) -> None:
+        return None
+
+    def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
+        return None, None
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        # Ray sets CUDA_VISIBLE_DEVICES for actors holding logical GPUs; CPU-only torch ignores it.
+        return "CUDA_VISIBLE_DEVICES"
+
+    @contextmanager
+    def nvtx_range(self, msg: str):
+        yield
+
+    def profiler_start(self) -> None:
+        return None
+
+    def profiler_stop(self) -> None:
+        return None
+
+    def ray_resource_name(self) -> str:
+        return "GPU"  # logical Ray slots, see the module docstring
+
+    def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
+        return {"num_gpus": num_gpus}
+
+    def ray_noset_envvars(self) -> list[str]:
+        return []
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def cudart(self) -> Any:
+        return None
+
+
+def is_cpu_platform() -> bool:
+    """True when this process selected the CPU platform (`VERL_PLATFORM=cpu`)."""
+    return os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME
