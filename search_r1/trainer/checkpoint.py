@@ -315,6 +315,15 @@ class CheckpointManager:
         return load_checkpoint(path, model)
 
 
+def read_extra_state(path) -> dict:
+    """The caller's `extra_state` of a complete checkpoint, without loading any tensor."""
+    path = Path(path)
+    if not is_complete(path):
+        raise ValueError(f"checkpoint {path} is missing or incomplete (no valid {MARKER} marker); "
+                         f"use CheckpointManager.latest() to pick the newest complete one")
+    return json.loads((path / "trainer_state.json").read_text()).get("extra_state", {})
+
+
 def load_checkpoint(path, model=None) -> dict:
     path = Path(path)
     if not path.is_dir():

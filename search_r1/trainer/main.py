@@ -66,15 +66,13 @@ def prepare_data(cfg: TrainConfig) -> DataPaths:
 # -- retriever --------------------------------------------------------------------------------------
 def check_retriever(url: str, timeout: float = 5.0) -> None:
     """GET /health and one tiny /retrieve; StartupError naming the URL and the fix if either fails."""
-    import requests
+    import httpx
 
     base = normalize_url(url).removesuffix("/retrieve")
     try:
-        r = requests.get(base + "/health", timeout=timeout)
-        r.raise_for_status()
-        r = requests.post(base + "/retrieve", json={"queries": ["test"], "topk": 1, "return_scores": False},
-                          timeout=timeout)
-        r.raise_for_status()
+        httpx.get(base + "/health", timeout=timeout).raise_for_status()
+        httpx.post(base + "/retrieve", json={"queries": ["test"], "topk": 1, "return_scores": False},
+                   timeout=timeout).raise_for_status()
     except Exception as exc:  # connection refused, timeout, HTTP error: all mean "not usable"
         raise StartupError(
             f"retriever at {url} is unreachable ({type(exc).__name__}: {exc}). Fix: start it with "
@@ -166,14 +164,6 @@ def warm_start(cfg: TrainConfig, data: DataPaths, search_engine, url: str | None
                            files, kwargs).result()
 
 
-def load_tokenizer(name: str):
-    import search_r1.models as models
-
-    if hasattr(models, "load_tokenizer"):
-        return models.load_tokenizer(name)
-    return models.load_model_and_tokenizer(name)[1]
-
-
 def init_ray(num_cpus: int) -> bool:
     """Start a local Ray with an explicit CPU count unless one is running; True if started here."""
     import ray
@@ -221,6 +211,8 @@ def run(cfg: TrainConfig, search_engine=None) -> dict:
             search_engine = RetrieverClient(url, topk=r.topk, timeout=r.timeout, retries=r.retries)
         # Before Ray: the SFT has the cores to itself and its memory is freed before the workers load.
         model_path = warm_start(cfg, data, search_engine, url)
+        from search_r1.models import load_tokenizer
+
         tokenizer = load_tokenizer(cfg.model.name)
         train_ds = PromptDataset(list(data.train_files), tokenizer, cfg.data.max_prompt_length, cfg.data.protocol)
         val_ds = PromptDataset(list(data.test_files), tokenizer, cfg.data.max_prompt_length, cfg.data.protocol)
@@ -272,6 +264,7 @@ def _hydra_main():
 
     @hydra.main(config_path="../../configs", config_name="grpo_cpu", version_base="1.3")
     def main(raw) -> None:
+        quiet_library_loggers()  # after Hydra's logging setup, which would reset them
         try:
             cfg = TrainConfig.from_dict(OmegaConf.to_container(raw, resolve=True))
             summary = run(cfg)
@@ -281,6 +274,16 @@ def _hydra_main():
         print(report(summary), flush=True)
 
     main()
+
+
+# Libraries that log every request or file access at INFO: between progress-bar updates the console
+# would show one httpx line per retriever call. Hydra configures logging at INFO, so set them here.
+QUIET_LOGGERS = ("httpx", "httpcore", "urllib3", "filelock", "fsspec")
+
+
+def quiet_library_loggers() -> None:
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 if __name__ == "__main__":

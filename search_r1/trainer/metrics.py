@@ -41,6 +41,8 @@ PLOT_PANELS = (
     ("policy loss", ("actor/pg_loss",)),
     ("entropy", ("actor/entropy",)),
     ("response length", ("response/length_mean", "response_length/mean")),
+    # sampler vs trainer: mean |log p_rollout - log p_old| over generated tokens (0 = on-policy)
+    ("rollout vs old |dlogp|", ("training/rollout_log_probs_diff_mean",)),
 )
 
 
@@ -201,7 +203,7 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
 def plot_training_curves(metrics_jsonl, png_path, keys: Sequence[str] | None = None) -> Path:
     """A grid of line plots, one panel per metric, written to `png_path`.
 
-    Default panels: reward mean, EM, KL, policy loss, entropy, response length (first matching
+    Default panels: reward mean, EM, KL, policy loss, entropy, response length, rollout-vs-old log-prob gap (first matching
     key of each), then every `val/...` key. Panels whose keys never occur are left out; with no
     plottable key at all a single panel says so. `keys` picks the panels explicitly.
     """

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 # Tensors the workers need; everything else (text, stats) stays on the driver.
 LOGPROB_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
-UPDATE_KEYS = LOGPROB_KEYS + ["response_mask", "old_log_probs", "ref_log_prob", "advantages"]
+UPDATE_KEYS = LOGPROB_KEYS + ["response_mask", "old_log_probs", "ref_log_prob", "rollout_log_probs", "advantages"]
 # Sampling seeds: step s, round r uses seed * SEED_STRIDE + s * ROUND_STRIDE + r (pure function of
 # the step, so a resumed run samples exactly what the uninterrupted run would have).
 SEED_STRIDE = 1_000_000
@@ -295,7 +295,7 @@ class RayGRPOTrainer:
     def save_checkpoint(self, step: int) -> str:
         from search_r1.trainer.checkpoint import capture_rng_state
 
-        extra = {"step": step, "config": self.cfg.to_dict()}
+        extra = {"step": step, "config": self.cfg.to_dict(), "reference": self.wg.reference_identity()[0]}
         paths = self.wg.save_checkpoint(str(self.checkpoint_root), step, self.cfg.trainer.keep_last, extra,
                                         self.train_loader.state_dict(), capture_rng_state())
         return paths[0]
@@ -315,6 +315,7 @@ class RayGRPOTrainer:
                 return 0
         else:
             path = Path(resume).expanduser()
+        self.check_resumable(path)
         state = self.wg.load_checkpoint(str(path))[0]
         if state["dataloader"] is not None:
             self.train_loader.load_state_dict(state["dataloader"])
@@ -324,6 +325,30 @@ class RayGRPOTrainer:
         log.warning("resumed from %s (step %d)", path, step)
         self.global_step = step
         return step
+
+    def check_resumable(self, path: Path) -> None:
+        """Refuse to resume when the saved state would override a changed setting, or the KL
+        reference is not the one the run was trained against (ValueError naming key, values, fix)."""
+        from search_r1.trainer.checkpoint import read_extra_state
+        from search_r1.trainer.config import resume_conflicts
+
+        extra = read_extra_state(path)
+        new = self.cfg.to_dict()
+        problems = resume_conflicts(extra.get("config", {}), new)
+        saved_ref, ref = extra.get("reference"), self.wg.reference_identity()[0]
+        if saved_ref is not None and ref is not None and saved_ref != ref and not problems:
+            # same settings, other weights: the warm-start cache or the model directory was rebuilt
+            problems.append(f"KL reference: saved {saved_ref['path']} (sha256 {saved_ref['sha256'][:12]}), "
+                            f"new {ref['path']} (sha256 {ref['sha256'][:12]}) (the reference model's weights "
+                            f"changed: model.name={new['model']['name']!r}, warmstart.enabled="
+                            f"{new['warmstart']['enabled']}; a rebuilt warm-start cache under "
+                            f"$SEARCH_R1_HOME/warmstart or a changed model directory)")
+        if problems:
+            raise ValueError(
+                f"cannot resume from {path}: these settings differ from the run's saved ones, which the "
+                f"checkpoint would override or which define the KL reference:\n  - " + "\n  - ".join(problems)
+                + f"\nFix: set them back to the saved values to continue the run, or start a new run "
+                f"(trainer.experiment_name=NEW, a new output directory; or trainer.resume=none)")
 
     def _write_samples(self, batch: DataProto, scores: list[float], texts: list[str], k: int = 2) -> None:
         """Append the first k trajectories of the step to samples.jsonl (what the policy writes)."""

@@ -167,3 +167,22 @@ def test_auto_retriever_rebuilds_its_index_for_a_changed_corpus(synth_world, tmp
     with retriever_for_run(cfg, DataPaths(world, (), (), world / "corpus.jsonl"), tmp_path / "logs"):
         pass
     assert read_manifest(world / "index_bm25").corpus_sha256 == file_sha256(world / "corpus.jsonl")
+
+
+def test_retriever_requests_do_not_log_at_info(retriever_server, caplog):
+    """Hydra sets the root logger to INFO; httpx would then print one line per search request."""
+    import logging
+
+    from search_r1.search import RetrieverClient
+    from search_r1.trainer.main import quiet_library_loggers
+
+    levels = {name: logging.getLogger(name).level for name in ("httpx", "httpcore")}
+    try:
+        quiet_library_loggers()
+        with caplog.at_level(logging.INFO):
+            check_retriever(retriever_server.url)
+            RetrieverClient(retriever_server.url, topk=1).batch_search(["alpha"])
+        assert not [r for r in caplog.records if r.name.startswith(("httpx", "httpcore"))]
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)

@@ -151,3 +151,12 @@ def test_plot_handles_missing_keys_and_explicit_keys(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     assert plot_training_curves(empty, tmp_path / "empty.png").stat().st_size > 1000
+
+
+def test_plot_has_a_panel_for_the_rollout_vs_old_gap(tmp_path):
+    import matplotlib.image as mpimg
+
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("".join(json.dumps({"step": s, "reward/mean": s / 10, "training/rollout_log_probs_diff_mean": 0.01})
+                         + "\n" for s in range(3)))
+    assert mpimg.imread(plot_training_curves(p, tmp_path / "two.png")).shape[:2] == (300, 840)  # two panels

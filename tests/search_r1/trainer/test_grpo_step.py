@@ -1,0 +1,150 @@
+"""The GRPO step with known rewards, checked exactly: a scripted policy answers right or wrong, the
+real workers (in-process) score and update, and the advantages, the loss and the reward metrics are
+the hand-computed numbers. Also: scores sit on the last generated token, and resuming refuses
+settings the checkpoint would override and a KL reference that is not the run's.
+Model: tiny-random-qwen3; retriever: the real server (no search is made: one round, answers only)."""
+import json
+import math
+
+import pytest
+import torch
+
+from search_r1.trainer.config import TrainConfig
+from search_r1.trainer.ray_trainer import RayGRPOTrainer
+from search_r1.trainer.workers import PolicyWorker
+from tests.search_r1.rollout.scripted import ScriptedGenerator
+
+MODEL = "tiny-random-qwen3"
+ONE_TO_ALL = {"init_model", "save_checkpoint", "load_checkpoint", "reference_identity", "update_actor"}
+
+
+class InProcessGroup:
+    """A one-rank worker group in this process: verl's dispatch for world size 1 (DP_COMPUTE_PROTO
+    returns the rank's DataProto; ONE_TO_ALL and DP_COMPUTE_METRIC a list with one result)."""
+
+    world_size = 1
+
+    def __init__(self, worker: PolicyWorker):
+        self.worker = worker
+
+    def __getattr__(self, name):
+        fn = getattr(self.worker, name)
+        return (lambda *a, **k: [fn(*a, **k)]) if name in ONE_TO_ALL else fn
+
+
+def config(world, out, **sections) -> TrainConfig:
+    raw = {
+        "model": {"name": MODEL, "compute_dtype": "float32", "rollout_dtype": "float32"},
+        "data": {"train_files": [str(world / "train.parquet")], "test_files": [str(world / "test.parquet")]},
+        "rollout": {"n": 2, "max_turns": 0, "max_tokens_per_turn": 32},
+        "algorithm": {"reward": "em", "kl_coef": 0.01, "entropy_coef": 0.0},
+        "trainer": {"batch_size": 2, "mini_batch_size": 2, "micro_batch_size": 2, "output_dir": str(out),
+                    "threads_per_worker": 1, "resume": "auto"},
+        "warmstart": {"enabled": False},
+    }
+    for section, values in sections.items():
+        raw[section] = {**raw.get(section, {}), **values}
+    return TrainConfig.from_dict(raw)
+
+
+@pytest.fixture
+def make_trainer(local_worker_factory, synth_world, retriever_server, tmp_path):
+    from search_r1.data.dataset import PromptDataLoader, PromptDataset
+    from search_r1.models import load_tokenizer
+    from search_r1.search import RetrieverClient
+    from search_r1.trainer.main import worker_spec
+
+    tokenizer = load_tokenizer(MODEL)
+    workers = {}
+
+    def make(cfg: TrainConfig) -> RayGRPOTrainer:
+        spec = worker_spec(cfg)
+        if spec not in workers:  # same spec, same freshly loaded weights: reuse the worker
+            workers[spec] = local_worker_factory(spec)
+        ds = PromptDataset([str(synth_world / "train.parquet")], tokenizer, cfg.data.max_prompt_length)
+        loader = PromptDataLoader(ds, cfg.trainer.batch_size, seed=cfg.trainer.seed, shuffle=True, drop_last=True)
+        return RayGRPOTrainer(cfg, tokenizer, InProcessGroup(workers[spec]), RetrieverClient(retriever_server.url),
+                              loader, ds, checkpoint_root=tmp_path / "checkpoints")
+
+    return make
+
+
+def scripted_step(trainer: RayGRPOTrainer):
+    """One train_step where, per prompt, the first sample answers with the gold answer and the second
+    answers it for prompt 0 only ("nothing" for prompt 1): em rewards [1, 0 | 1, 1]."""
+    batch = trainer.train_loader.next_batch()
+    golds = [list(g)[0] for g in batch.non_tensor_batch["golden_answers"]]
+    prompts = [ids[m.bool()].tolist() for ids, m in zip(batch.batch["input_ids"], batch.batch["attention_mask"])]
+    texts = [[f"<answer> {golds[0]} </answer>", "<answer> nothing </answer>"],
+             [f"<answer> {golds[1]} </answer>", f"<answer> {golds[1]} </answer>"]]
+    # Both samples of a prompt share its prompt ids: the scripted generator serves them turn 0, then turn 1.
+    gen = ScriptedGenerator(trainer.tokenizer, prompts, texts)
+    gen.seconds = gen.worker_seconds = 0.0  # WorkerGroupGenerator's timing counters
+    trainer.generator = gen
+    metrics = trainer.train_step(batch, step=1)
+    tokens = [len(trainer.tokenizer(t, add_special_tokens=False)["input_ids"]) for row in texts for t in row]
+    return metrics, tokens
+
+
+def test_place_on_last_token_puts_each_score_on_the_last_generated_token():
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0],   # generated, observation, generated, padding
+                         [1, 1, 1, 1, 1, 1],
+                         [0, 0, 0, 0, 0, 0]])  # nothing generated: no score anywhere
+    out = RayGRPOTrainer.place_on_last_token([2.0, -1.0, 5.0], mask)
+    expected = torch.zeros(3, 6)
+    expected[0, 4], expected[1, 5] = 2.0, -1.0
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("std, eps", [("population", 1e-8), ("unbiased", 0.5)])
+def test_grpo_step_with_known_rewards_gives_the_hand_computed_advantages_and_loss(make_trainer, synth_world,
+                                                                                   tmp_path, std, eps):
+    trainer = make_trainer(config(synth_world, tmp_path, algorithm={"grpo_std": std, "eps": eps}))
+    m, tokens = scripted_step(trainer)
+    # em rewards [1, 0 | 1, 1]; group 0: mean 0.5, deviations +-0.5, std 0.5 (population) or
+    # sqrt(0.5) (unbiased, n - 1 = 1); group 1 is constant: advantage 0 for both samples
+    a = 0.5 / ((0.5 if std == "population" else math.sqrt(0.5)) + eps)
+    adv = [a, -a, 0.0, 0.0]
+    assert m["reward/mean"] == 0.75 and m["reward/em"] == 0.75 and m["reward/format_valid"] == 1.0  # a bare answer block is well formed
+    assert m["adv/abs_mean"] == pytest.approx(2 * a / 4, rel=1e-6)
+    assert m["adv/zero_group_share"] == 0.5
+    # first update on-policy (ratio 1) and the reference is the policy: pg = -token_mean(A), KL 0
+    assert m["actor/update_tokens"] == sum(tokens)
+    assert m["actor/pg_loss"] == pytest.approx(-sum(x * n for x, n in zip(adv, tokens)) / sum(tokens), rel=1e-5)
+    assert m["actor/kl_loss"] == pytest.approx(0.0, abs=1e-9)
+    assert m["actor/pg_clipfrac"] == 0.0
+    # fp32 sampler = trainer: the scripted log-probs are not the model's, and the metric says so
+    assert m["training/rollout_log_probs_diff_max"] > 1.0
+
+
+def test_resume_applies_free_settings_and_refuses_state_bound_ones(make_trainer, synth_world, tmp_path):
+    trainer = make_trainer(config(synth_world, tmp_path))
+    path = trainer.save_checkpoint(3)
+    saved = json.loads((tmp_path / "checkpoints" / "global_step_3" / "trainer_state.json").read_text())
+    ref = saved["extra_state"]["reference"]
+    assert ref["path"].endswith(MODEL) and len(ref["sha256"]) == 64
+    # steps, logging, validation and the algorithm apply to the resumed run
+    free = make_trainer(config(synth_world, tmp_path, trainer={"total_steps": 40, "test_freq": 5},
+                               algorithm={"kl_coef": 0.02}))
+    assert free.maybe_resume() == 3
+    # lr (AdamW state), batch shape (data loader) and seed: refused, naming key, both values and the fix
+    for sections, key, old, new in [({"optim": {"lr": 2e-5}}, "optim.lr", "1e-05", "2e-05"),
+                                    ({"trainer": {"batch_size": 4, "mini_batch_size": 4}}, "trainer.batch_size", "2", "4"),
+                                    ({"rollout": {"n": 4}}, "rollout.n", "2", "4"),
+                                    ({"warmstart": {"steps": 7}}, "warmstart.steps", "6", "7")]:
+        with pytest.raises(ValueError) as err:
+            make_trainer(config(synth_world, tmp_path, **sections)).maybe_resume()
+        msg = str(err.value)
+        assert f"{key}: saved {old}, new {new}" in msg, msg
+        assert "trainer.resume=none" in msg and "experiment_name" in msg
+    # same settings, other reference weights (a rebuilt warm-start cache): refused
+    state_file = tmp_path / "checkpoints" / "global_step_3" / "trainer_state.json"
+    saved["extra_state"]["reference"]["sha256"] = "0" * 64
+    state_file.write_text(json.dumps(saved))
+    marker = tmp_path / "checkpoints" / "global_step_3" / "COMPLETE"
+    manifest = json.loads(marker.read_text())
+    manifest["files"]["trainer_state.json"] = state_file.stat().st_size
+    marker.write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"KL reference: saved .*sha256 000000000000"):
+        make_trainer(config(synth_world, tmp_path)).maybe_resume()
+    assert path.endswith("global_step_3")
