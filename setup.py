@@ -50,6 +50,8 @@ setup(
     description="Search-R1: train LLMs to reason with a search engine, on verl",
     packages=find_packages(include=["search_r1", "search_r1.*", "verl_ext", "verl_ext.*",
                                     "retriever_server", "retriever_server.*"]),
+    # The trainer's Hydra configs live in the package so `pip install .` (not -e) can compose them.
+    package_data={"search_r1.trainer": ["configs/*.yaml"]},
     python_requires=">=3.10,<3.13",
     install_requires=CORE,
     extras_require={

@@ -40,7 +40,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=2, help="GRPO steps to run (default 2; the last is reported "
                    "in detail, all are listed)")
-    p.add_argument("--config", default="grpo_cpu", help="config name under configs/ (default grpo_cpu)")
+    p.add_argument("--config", default="grpo_cpu", help="config name under search_r1/trainer/configs/ (default grpo_cpu)")
     p.add_argument("--out", default=None, help="run directory (default: a temporary directory)")
     p.add_argument("--json", default=None, help="also write the breakdown as JSON to this file")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. rollout.n=2 model.compute_dtype=float32")
@@ -51,9 +51,9 @@ def load_config(name: str, overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from search_r1.trainer.config import TrainConfig
+    from search_r1.trainer.config import CONFIG_DIR, TrainConfig
 
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name=name, overrides=overrides)
     raw = OmegaConf.to_container(cfg, resolve=True)
     raw.pop("hydra", None)

@@ -1,6 +1,7 @@
 """Typed configuration of the embedded CPU GRPO trainer.
 
-One frozen dataclass per section of `configs/grpo_cpu.yaml` (model, data, retriever, rollout,
+One frozen dataclass per section of `search_r1/trainer/configs/grpo_cpu.yaml` (CONFIG_DIR, shipped
+with the package; `configs/grpo_cpu.yaml` at the repository root links to it) (model, data, retriever, rollout,
 algorithm, optim, trainer). `TrainConfig.from_dict(d)` builds them from the plain dict Hydra composes
 (`OmegaConf.to_container(cfg, resolve=True)`); every static rule is checked in `__post_init__` and
 fails with a ValueError that names the dotted key, the value, the allowed values and the fix. Unknown
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The trainer's Hydra configs, inside the package so an installed (non-editable) copy has them.
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 AUTO = "auto"
 DTYPES = ("float32", "bfloat16")
 STD_MODES = ("population", "unbiased", "none")

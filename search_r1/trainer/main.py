@@ -1,6 +1,6 @@
 """Hydra entry of the embedded CPU GRPO trainer.
 
-    python -m search_r1.trainer.main                                  # configs/grpo_cpu.yaml
+    python -m search_r1.trainer.main                                  # search_r1/trainer/configs/grpo_cpu.yaml
     python -m search_r1.trainer.main trainer.total_steps=5 rollout.n=2
     python -m search_r1.trainer.main -m optim.lr=1e-5,3e-5 trainer.experiment_name='lr${optim.lr}'
 
@@ -262,7 +262,9 @@ def _hydra_main():
     import hydra
     from omegaconf import OmegaConf
 
-    @hydra.main(config_path="../../configs", config_name="grpo_cpu", version_base="1.3")
+    # The YAML ships inside the package (search_r1/trainer/configs), so `pip install .` without -e
+    # finds it; configs/grpo_cpu.yaml at the repository root is a link to the same file.
+    @hydra.main(config_path="configs", config_name="grpo_cpu", version_base="1.3")
     def main(raw) -> None:
         quiet_library_loggers()  # after Hydra's logging setup, which would reset them
         try:

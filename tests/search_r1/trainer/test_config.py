@@ -6,10 +6,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from search_r1.trainer.config import TrainConfig
+from search_r1.trainer.config import CONFIG_DIR, TrainConfig
 from search_r1.trainer.main import StartupError, check_cores, check_retriever, prepare_data
-
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
 TRAINER_CONFIGS = sorted(p.stem for p in CONFIG_DIR.glob("grpo_*.yaml"))
 
 
