@@ -1,0 +1,185 @@
+"""GRPOTrainer on tiny-random-qwen3 (with a scripted bias that makes it search, see conftest.py)."""
+import logging
+import math
+
+import pytest
+import torch
+
+from search_r1.grpo import GRPOTrainer, MockSearchEngine, PolicyUpdateUnavailable, Trajectory, build_search_engine
+from search_r1.models import load_model_and_tokenizer
+from search_r1.prompts import apply_chat_template, grpo_messages
+from search_r1.search import RetrieverClient
+
+from .conftest import GOLD, QUERIES, VELTRA, tiny_config
+
+
+def _check_layout(t: Trajectory, trainer: GRPOTrainer) -> None:
+    prompt = trainer.prompt_ids(t.query)
+    assert t.full_input_ids[:len(prompt)] == prompt
+    assert len(t.generated_positions) == len(t.token_steps) > 0
+    for p, step in zip(t.generated_positions, t.token_steps):
+        assert step.position == p and t.full_input_ids[p] == step.token_id
+    # every response token is either generated or inserted information, and the text is their decoding
+    inserted = [i for i in range(len(prompt), len(t.full_input_ids)) if i not in set(t.generated_positions)]
+    assert trainer.tokenizer.decode([t.full_input_ids[i] for i in inserted]).strip().startswith("<information>")
+    assert t.generated_text == trainer.tokenizer.decode(t.full_input_ids[len(prompt):], skip_special_tokens=False)
+
+
+def test_rollout_searches_inserts_information_and_logprobs_match_recompute(scripted_trainer):
+    trainer = scripted_trainer()
+    trajectories = trainer.rollout([q for q in QUERIES for _ in range(2)])
+    for t in trajectories:
+        _check_layout(t, trainer)
+        assert t.num_searches == 1 and not t.truncated
+        assert "<information>Doc 1(Title: Veltra) Veltra was founded by Ana Osk." in t.generated_text
+        assert t.final_answer in ("Ana Osk", "Bob Rell")
+    # before any update, the sampling log-probs are the teacher-forced ones
+    recomputed = trainer.recompute_log_probs(trajectories)
+    for t, new in zip(trajectories, recomputed):
+        assert torch.allclose(new, torch.tensor(t.old_log_probs), atol=1e-4)
+    # the scripted tokens are near-certain except the answer's first word (two equally biased heads)
+    lps = torch.tensor(trajectories[0].old_log_probs)
+    assert (lps > -1.0).float().mean() > 0.9
+
+
+def test_train_step_rewards_advantages_and_update(scripted_trainer):
+    trainer = scripted_trainer()
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    m = trainer.train_step(QUERIES, GOLD)
+    trajectories = m["trajectories"]
+    assert len(trajectories) == 2 * 4 and m["step"] == trainer.global_step == 1
+    for i, t in enumerate(trajectories):
+        _check_layout(t, trainer)
+        # well-formed (search + information + answer): 0.5 + 2.0 for the right answer, 0.5 + 0.0 else
+        assert t.reward == (2.5 if t.final_answer == "Ana Osk" else 0.5)
+    for g in range(2):
+        group = trajectories[4 * g:4 * g + 4]
+        rewards = [t.reward for t in group]
+        expected = GRPOTrainer.compute_advantages(rewards).tolist()
+        assert [t.advantage for t in group] == pytest.approx(expected)
+    assert len({t.reward for t in trajectories}) == 2, "the seeded rollout should sample both answers"
+    assert m["search_trajectories"] == 1.0
+    assert m["avg_tokens"] == pytest.approx(sum(len(t.token_steps) for t in trajectories) / 8)
+    assert m["avg_reward"] == pytest.approx(sum(t.reward for t in trajectories) / 8)
+    assert math.isfinite(m["loss"]) and math.isfinite(m["kl_div"]) and m["skipped"] == 0
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    # the update moved probability toward the rewarded answer: its log-prob rises
+    right = next(t for t in trajectories if t.reward == 2.5)
+    k = next(j for j, s in enumerate(right.token_steps) if s.token_text == " Ana")
+    new = trainer.recompute_log_probs([right])[0]
+    assert new[k] > right.token_steps[k].log_prob
+
+
+def test_update_skips_and_counts_a_misaligned_trajectory(scripted_trainer, caplog):
+    trainer = scripted_trainer(tiny_config(update_times=1))
+    trajectories = trainer.rollout(QUERIES * 2)
+    for t, a in zip(trajectories, (1.0, -1.0, 0.5, -0.5)):
+        t.advantage = a
+    broken = trajectories[1]
+    broken.full_input_ids = broken.full_input_ids[:-3]  # the last generated tokens fall off the sequence
+    assert len(trainer.recompute_log_probs([broken])[0]) == len(broken.token_steps) - 3
+    with caplog.at_level(logging.WARNING):
+        m = trainer.update_policy(trajectories)
+    assert m["skipped"] == 1 and trainer.stats["skipped_trajectories"] == 1
+    assert "skipping trajectory" in caplog.text and math.isfinite(m["loss"])
+    assert set(m) >= {"loss", "kl_div", "avg_reward", "beta"} and m["beta"] == 0.1
+
+
+def test_out_of_memory_halves_the_micro_batch_and_retries(scripted_trainer, caplog):
+    trainer = scripted_trainer(tiny_config(update_times=1, micro_batch_size=4))
+    trajectories = trainer.rollout(QUERIES * 2)
+    for t, a in zip(trajectories, (1.0, -1.0, 0.5, -0.5)):
+        t.advantage = a
+    forward = trainer.model.forward
+    calls = []
+
+    def tight_memory(*args, **kwargs):  # "out of memory" for any pass over more than 2 sequences
+        calls.append(kwargs["input_ids"].shape[0])
+        if kwargs["input_ids"].shape[0] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return forward(*args, **kwargs)
+
+    trainer.model.forward = tight_memory
+    with caplog.at_level(logging.WARNING):
+        m = trainer.update_policy(trajectories)
+    assert calls == [4, 2, 2]  # failed at 4, then two micro-batches of 2
+    assert trainer.micro_batch_size == 2 and trainer.stats["oom_retries"] == 1
+    assert "out of memory with micro-batch 4; retrying with micro-batch 2" in caplog.text
+    assert math.isfinite(m["loss"])
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    trainer.model.forward = no_memory
+    with pytest.raises(RuntimeError, match="out of memory with micro_batch_size=1"):
+        trainer.recompute_log_probs(trajectories)
+
+
+def test_empty_query_and_max_tokens():
+    model, tokenizer = load_model_and_tokenizer("tiny-random-qwen3")
+    trainer = GRPOTrainer(tiny_config(), search_engine=MockSearchEngine({}), model=model, tokenizer=tokenizer)
+    empty = trainer.generate_trajectory("   ")
+    assert empty.token_steps == [] and empty.full_input_ids == [] and empty.generated_text == ""
+    t = trainer.generate_trajectory("What is Osk?", max_tokens=7, ground_truth="x")
+    assert len(t.token_steps) <= 7 and t.truncated  # the random model does not answer in 7 tokens
+    assert t.reward == -1.0  # malformed, no answer
+    # a batch mixing blank and real queries keeps order; blank rows get no tokens
+    out = trainer.rollout(["", "Who?"], max_tokens=5)
+    assert out[0].token_steps == [] and len(out[1].token_steps) == 5
+    with pytest.raises(ValueError, match="group_size must be an int >= 2"):
+        trainer.train_step(["Who?"], [["x"]], group_size=1)
+    with pytest.raises(ValueError, match="one entry per query"):
+        trainer.train_step(["Who?", "What?"], [["x"]])
+    with pytest.raises(ValueError, match="target"):
+        trainer.train_step(["Who?"], [{"answers": ["x"]}])
+
+
+def test_chatml_prompt_equals_the_tokenizers_chat_template():
+    model, tokenizer = load_model_and_tokenizer("tiny-random-qwen3")
+    trainer = GRPOTrainer(tiny_config(), search_engine=MockSearchEngine({}), model=model, tokenizer=tokenizer)
+    ids = trainer.prompt_ids("Who founded Veltra")
+    assert ids == apply_chat_template(tokenizer, grpo_messages("Who founded Veltra"))
+    text = tokenizer.decode(ids)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    assert "<search> Veltra Systems founder </search>" in text and "<answer> Paris </answer>" in text
+
+
+def test_save_load_resume_reproduces_the_uninterrupted_run(scripted_trainer, tmp_path):
+    queries, gold = QUERIES, GOLD
+    cfg = tiny_config(group_size=2, update_times=1, num_epochs=1, batch_size=1, save_interval=1,
+                      output_dir=str(tmp_path / "a"), log_interval=0)
+    a = scripted_trainer(cfg)
+    history = a.train(queries, gold)
+    assert [h["step"] for h in history] == [1, 2]
+    assert sorted(p.name for p in (tmp_path / "a").glob("global_step_*")) == ["global_step_1", "global_step_2"]
+
+    b = scripted_trainer(tiny_config(group_size=2, update_times=1, num_epochs=1, batch_size=1, log_interval=0))
+    state = b.load(tmp_path / "a" / "global_step_1")
+    assert b.global_step == 1 and state["optimizer"] is not None and len(b.history) == 1
+    assert b.optimizer.state_dict()["state"][0]["step"] == 1  # AdamW moments came back
+    resumed = b.train(queries, gold)  # only the missing step runs
+    assert [h["step"] for h in resumed] == [2]
+    assert resumed[0]["loss"] == pytest.approx(history[1]["loss"], abs=1e-6)
+    assert resumed[0]["avg_reward"] == history[1]["avg_reward"]
+    for k, v in a.model.state_dict().items():
+        assert torch.allclose(v, b.model.state_dict()[k], atol=1e-6), k
+    # a root directory loads its newest checkpoint
+    c = scripted_trainer(tiny_config(log_interval=0))
+    c.load(tmp_path / "a")
+    assert c.global_step == 2
+
+
+def test_build_search_engine_from_config(monkeypatch):
+    engine = build_search_engine(tiny_config(search_backend="retriever", retriever_url="http://127.0.0.1:9"))
+    assert isinstance(engine, RetrieverClient) and engine.urls == ["http://127.0.0.1:9/retrieve"]
+    monkeypatch.setenv("SERPER_API_KEY", "k")
+    web = build_search_engine(tiny_config(search_backend="web", web_provider="serper", topk=2))
+    assert web.provider == "serper" and web.topk == 2
+
+
+def test_update_policy_explains_itself_without_weights():
+    trainer = GRPOTrainer.__new__(GRPOTrainer)  # only the guard is under test here
+    trainer.model, trainer.config = None, tiny_config(use_openai=True, openai_base_url="http://127.0.0.1:1")
+    with pytest.raises(PolicyUpdateUnavailable, match="no gradient flows through an API"):
+        trainer.update_policy([])
+    assert VELTRA
