@@ -225,12 +225,8 @@ def test_repeat_interleave(two_files, tokenizer):
         repeat_interleave(batch, 0)
 
 
-def test_synth_world_parquet(request, tokenizer):
+def test_synth_world_parquet(synth_world, tokenizer):
     """The generator's real parquet loads; every row gets a uid, answers and the raw question."""
-    try:
-        synth_world = request.getfixturevalue("synth_world")
-    except pytest.FixtureLookupError:
-        pytest.skip("synth_world fixture has not landed yet (H1)")
     ds = PromptDataset([Path(synth_world) / "train.parquet", Path(synth_world) / "test.parquet"],
                        tokenizer, max_prompt_length=4096)
     assert len({r.uid for r in ds.records}) == len(ds)
