@@ -1,0 +1,133 @@
+"""The `search_r1` trainer mode: verl's v1 sync trainer plus what Search-R1 runs need.
+
+Select it with `trainer.v1.trainer_mode=search_r1` (configs/grpo_verl.yaml does). verl's `fit()`
+loop, workers and weight sync are untouched; this subclass only adds, per step and per validation:
+
+- search statistics from the agent loop (`extra_fields["search_r1"]`, verl_ext/agent_loop.py), under
+  the embedded CPU trainer's names: `env/turns_mean`, `env/searches_mean`, `env/valid_action_ratio`,
+  `env/finish_ratio`, `env/search_failures`, `response/truncated_ratio`, ...;
+- validation EM / F1 per `data_source` as `val/<source>/em`, `val/<source>/f1` and pooled `val/em`,
+  `val/f1` (beside verl's `val-core/...`, `val-aux/...`), and a table of every validation so far,
+  printed after each validation and at the end of training.
+
+verl compares its trainer mode with "sync" in several places (replay buffer, data refill, checkpoint
+resume); this mode must behave exactly as sync there, so `trainer_mode` always reads "sync".
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+import numpy as np
+import transfer_queue as tq
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+log = logging.getLogger(__name__)
+
+MODE_NAME = "search_r1"
+
+
+def search_metrics(stats: list[dict]) -> dict[str, float]:
+    """Step metrics from the agent loop's per-trajectory `search_r1` stats (one dict per trajectory).
+
+    Means are over trajectories; `env/valid_action_ratio` = valid actions / turns and
+    `env/search_failure_rate` = failed / issued searches over the whole batch.
+    """
+    if not stats:
+        return {}
+
+    def col(key):
+        return np.asarray([s.get(key, 0) for s in stats], dtype=float)
+
+    turns, searches, failures = col("turns"), col("valid_searches"), col("search_failures")
+    return {
+        "env/turns_mean": float(turns.mean()),
+        "env/searches_mean": float(searches.mean()),
+        "env/valid_action_ratio": float(col("valid_actions").sum() / max(turns.sum(), 1.0)),
+        "env/finish_ratio": float(col("answered").mean()),
+        "env/search_failures": float(failures.sum()),
+        "env/search_failure_rate": float(failures.sum() / max(searches.sum(), 1.0)),
+        "response/generated_tokens_mean": float(col("generated_tokens").mean()),
+        "response/obs_tokens_mean": float(col("observation_tokens").mean()),
+        "response/truncated_ratio": float(col("truncated").mean()),
+        "response/overshoot_tokens": float(col("overshoot_tokens").sum()),
+        "response/shortened_observations": float(col("shortened_observations").sum()),
+    }
+
+
+def qa_metrics(data_sources, extra: dict[str, list]) -> dict[str, float]:
+    """`val/<source>/<m>`, pooled `val/<m>` (m = em, f1, reward) and `val/<source>/n`, `val/n` from
+    verl's per-sample validation lists (`extra` = its reward_extra_infos_dict)."""
+    per_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for m in ("em", "f1", "reward"):
+        values = extra.get(m) or []
+        for source, v in zip(data_sources, values):
+            if v is not None:
+                per_source[str(source)][m].append(float(v))
+    out: dict[str, float] = {}
+    pooled: dict[str, list[float]] = defaultdict(list)
+    for source, rec in sorted(per_source.items()):
+        for m, v in rec.items():
+            out[f"val/{source}/{m}"] = float(np.mean(v))
+            pooled[m] += v
+        out[f"val/{source}/n"] = float(max(len(v) for v in rec.values()))
+    out.update({f"val/{m}": float(np.mean(v)) for m, v in pooled.items()})
+    if pooled:
+        out["val/n"] = float(max(len(v) for v in pooled.values()))
+    return out
+
+
+def format_qa_table(history: list[tuple[int, dict[str, float]]]) -> str:
+    """One row per (validation step, data source): n, EM, F1; the pooled row is `all`."""
+    lines = [f"{'step':>6}  {'data_source':<24} {'n':>6} {'EM':>7} {'F1':>7}"]
+    for step, m in history:
+        sources = sorted({k.split("/")[1] for k in m if k.count("/") == 2})
+        for source in sources + ["all"]:
+            key = "val" if source == "all" else f"val/{source}"
+            if f"{key}/em" in m:
+                lines.append(f"{step:>6}  {source:<24} {m.get(f'{key}/n', 0):>6.0f} {m[f'{key}/em']:>7.3f} "
+                             f"{m.get(f'{key}/f1', float('nan')):>7.3f}")
+    return "\n".join(lines)
+
+
+@register_trainer(MODE_NAME)
+class SearchR1Trainer(PPOTrainerSync):
+    """verl's sync trainer with Search-R1 metrics and the validation EM/F1 table (module docstring)."""
+
+    @property
+    def trainer_mode(self) -> str:
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, value: str) -> None:
+        # PPOTrainer.__init__ assigns config.trainer.v1.trainer_mode ("search_r1") here; keep the
+        # registered name for logs, behave as "sync" everywhere verl compares.
+        self.registered_mode = value
+
+    def fit(self, agent_loop_manager):
+        self.qa_history: list[tuple[int, dict[str, float]]] = []
+        super().fit(agent_loop_manager)
+        if self.qa_history:
+            print(f"[search_r1] validation EM/F1 per data_source:\n{format_qa_table(self.qa_history)}", flush=True)
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
+        keys = [k for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
+        if not keys:
+            return
+        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+        stats = [ef.get(MODE_NAME) for ef in data["extra_fields"].tolist() if isinstance(ef, dict)]
+        metrics.update(search_metrics([s for s in stats if s]))
+
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
+                            expected_acc_counts=None):
+        metrics = super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
+                                              expected_acc_counts=expected_acc_counts)
+        ours = qa_metrics(data_sources, reward_extra_infos_dict)
+        metrics.update(ours)
+        history = getattr(self, "qa_history", None)
+        if history is not None and ours:
+            history.append((self.global_steps, ours))
+            print(f"[search_r1] validation at step {self.global_steps}:\n{format_qa_table([history[-1]])}", flush=True)
+        return metrics
