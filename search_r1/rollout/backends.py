@@ -19,6 +19,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from search_r1.search.retry import backoff_delay
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -107,21 +109,26 @@ def sample_from_logits(z, uniforms):
     return idx.squeeze(-1).clamp_(max=z.shape[-1] - 1)
 
 
-def find_stop(token_ids: list[int], tokenizer, stop: tuple[str, ...] | list[str]) -> int | None:
+def find_stop(token_ids: list[int], tokenizer, stop: tuple[str, ...] | list[str], decode=None) -> int | None:
     """Number of tokens to keep so the output ends at the token completing the first stop string.
 
-    Reference (quadratic) implementation for backends that cannot stop on line: returns the
-    smallest k with a stop string inside decode(token_ids[:k]), or None.
+    For outputs that ran past a stop string (backends that cannot stop on line): the smallest k
+    with a stop string inside decode(token_ids[:k]), or None; binary search, log2(n) decodes.
+    `decode(ids) -> text` replaces `tokenizer.decode(ids, skip_special_tokens=False)` (the rollout
+    passes its exact byte-table decoder). The one stop-string search of the rollout and backends.
     """
+    if decode is None:
+        def decode(ids):
+            return tokenizer.decode(ids, skip_special_tokens=False)
     if not stop or not token_ids:
         return None
-    text = tokenizer.decode(token_ids, skip_special_tokens=False)
+    text = decode(token_ids)
     if not any(s in text for s in stop):
         return None
     lo, hi = 1, len(token_ids)  # "contains a stop string" is monotone in the prefix length
     while lo < hi:
         mid = (lo + hi) // 2
-        if any(s in tokenizer.decode(token_ids[:mid], skip_special_tokens=False) for s in stop):
+        if any(s in decode(token_ids[:mid]) for s in stop):
             hi = mid
         else:
             lo = mid + 1
@@ -449,7 +456,7 @@ class OpenAIGenerator:
         last_error = "no attempt made"
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
+                time.sleep(backoff_delay(attempt, self.backoff))  # the retriever client's pacing
             try:
                 resp = self._client.post(self.url, json=body)
             except httpx.HTTPError as exc:  # connection refused, timeouts, protocol errors

@@ -24,7 +24,7 @@ from verl import DataProto
 
 from search_r1.bpe_cache import ByteDecoder
 from search_r1.protocol import ObservationEncoder, check_protocol, decode_ids, stop_strings
-from search_r1.rollout.backends import Generator, SamplingParams
+from search_r1.rollout.backends import Generator, SamplingParams, find_stop
 from search_r1.rollout.episode import Episode, EpisodeLimits
 from search_r1.rollout.tensor_helper import pad_ragged, position_ids_from_mask, strip_left_padding
 from search_r1.search.base import SearchEngine, SearchError
@@ -122,14 +122,7 @@ def keep_through_stop(ids: list[int], text: str, stops, decode) -> tuple[list[in
     end = _first_stop_end(text, stops)
     if end < 0 or not text[end:].strip():
         return ids, text
-    lo, hi = 1, len(ids)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _first_stop_end(decode([ids[:mid]])[0], stops) >= 0:
-            hi = mid
-        else:
-            lo = mid + 1
-    kept = ids[:lo]
+    kept = ids[:find_stop(ids, None, stops, decode=lambda x: decode([x])[0]) or len(ids)]
     return kept, decode([kept])[0]
 
 

@@ -12,7 +12,6 @@ to the next one. A 4xx is the caller's fault and is raised at once with the serv
 from __future__ import annotations
 
 import os
-import random
 import threading
 import time
 from collections import OrderedDict
@@ -22,6 +21,7 @@ import httpx
 
 from search_r1.search.base import SearchEngine, SearchError
 from search_r1.search.format import render_passages
+from search_r1.search.retry import backoff_delay
 
 API_KEY_ENV = "RETRIEVER_API_KEY"
 
@@ -237,8 +237,7 @@ class RetrieverClient(SearchEngine):
             if rnd > 0:
                 with self._lock:
                     self.stats.retry_rounds += 1
-                # Exponential backoff with jitter so that many clients do not retry in lockstep.
-                time.sleep(self.backoff * 2 ** (rnd - 1) * random.uniform(1.0, 1.5))
+                time.sleep(backoff_delay(rnd, self.backoff))  # exponential, jittered (no lockstep)
             for ep in self._round_order():
                 try:
                     docs = self._post(ep.url, queries)
