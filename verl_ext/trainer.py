@@ -105,6 +105,13 @@ class SearchR1Trainer(PPOTrainerSync):
         # registered name for logs, behave as "sync" everywhere verl compares.
         self.registered_mode = value
 
+    def _init_resource_pool_mgr(self):
+        super()._init_resource_pool_mgr()
+        # On VERL_PLATFORM=cpu, verl's hybrid worker becomes verl_ext/cpu's gloo variant; no-op elsewhere.
+        from verl_ext.cpu.worker import cpu_role_worker_mapping
+
+        cpu_role_worker_mapping(self.role_worker_mapping)
+
     def fit(self, agent_loop_manager):
         self.qa_history: list[tuple[int, dict[str, float]]] = []
         super().fit(agent_loop_manager)
