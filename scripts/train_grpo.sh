@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
-# Train a search agent with GRPO. Every argument is a Hydra override of configs/grpo_cpu.yaml:
+# Train a search agent with GRPO. Arguments are Hydra overrides (key=value, -m sweeps) of the chosen
+# config, plus two flags of this script:
 #
-#   bash scripts/train_grpo.sh                                   # the default CPU run (~20 steps)
+#   bash scripts/train_grpo.sh                                   # CPU: the embedded trainer (~20 steps)
 #   bash scripts/train_grpo.sh trainer.total_steps=5 rollout.n=2
 #   bash scripts/train_grpo.sh -m optim.lr=1e-5,3e-5 trainer.experiment_name='lr${optim.lr}'   # sweep
+#   bash scripts/train_grpo.sh --config-name grpo_verl           # GPUs: verl's trainer (verl_ext.main)
+#   bash scripts/train_grpo.sh --config-name grpo_verl -m actor_rollout_ref.actor.optim.lr=1e-6,3e-6
+#   bash scripts/train_grpo.sh --dry-run --config-name grpo_verl # check + print the resolved config, exit
+#   bash scripts/train_grpo.sh --config-name grpo_verl_cpu       # verl's trainer on CPU, tiny model
 #
-# Resources: no GPU -> the embedded CPU trainer (search_r1.trainer: Ray + verl single controller,
-# HF policy); 2 cores / 8 GB are enough for the default config. With GPUs the verl engine path is
-# meant to run instead; it arrives in a later issue, so this script says so and stops.
+# Which trainer runs:
+#   --config-name grpo_verl*          verl's own trainer (python -m verl_ext.main), any machine
+#   no --config-name, GPU visible     verl's trainer with configs/grpo_verl.yaml
+#   no --config-name, no GPU          the embedded CPU trainer (python -m search_r1.trainer.main,
+#                                     configs/grpo_cpu.yaml); 2 cores / 8 GB are enough
+#   any other --config-name           the embedded CPU trainer with that config
+# With GPUs, trainer.n_gpus_per_node is set to the number of visible GPUs unless given.
+# --dry-run: verl path: run the config checks and print the resolved config; CPU path: print the
+# resolved config (Hydra's --cfg job --resolve). Nothing starts either way.
 # Environment: PYTHON (default: ./.venv/bin/python if present, else python3); SEARCH_R1_FORCE_CPU=1
-# runs the CPU trainer even when a GPU is visible.
+# runs the embedded CPU trainer even when a GPU is visible.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,15 +30,51 @@ fi
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TRANSFORMERS_OFFLINE="${TRANSFORMERS_OFFLINE:-1}"
 export TOKENIZERS_PARALLELISM=false
 
-has_gpu() {
-  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && return 0
-  "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null
+gpu_count() {
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    nvidia-smi -L | grep -c '^GPU' || true
+    return
+  fi
+  "$PYTHON" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0
 }
 
-if [[ "${SEARCH_R1_FORCE_CPU:-0}" != "1" ]] && has_gpu; then
-  echo "[train_grpo] GPU detected: the multi-GPU verl trainer (verl_ext) is not part of this release yet" >&2
-  echo "[train_grpo] (it comes in a later issue). To train on CPU anyway: SEARCH_R1_FORCE_CPU=1 bash $0 $*" >&2
-  exit 3
+dry_run=0 config_name="" has_gpus_key=0 args=()
+prev=""
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) dry_run=1; prev=""; continue ;;
+    --config-name=*) config_name="${arg#--config-name=}" ;;
+    trainer.n_gpus_per_node=*|+trainer.n_gpus_per_node=*|++trainer.n_gpus_per_node=*) has_gpus_key=1 ;;
+  esac
+  [[ "$prev" == "--config-name" || "$prev" == "-cn" ]] && config_name="$arg"
+  args+=("$arg")
+  prev="$arg"
+done
+
+n_gpus=0
+if [[ "${SEARCH_R1_FORCE_CPU:-0}" != "1" ]]; then n_gpus="$(gpu_count)"; fi
+
+verl=0
+if [[ "$config_name" == grpo_verl* ]]; then
+  verl=1
+elif [[ -z "$config_name" && "$n_gpus" -gt 0 ]]; then
+  verl=1
+  args=(--config-name grpo_verl "${args[@]}")
+  config_name=grpo_verl
 fi
 
-exec "$PYTHON" -m search_r1.trainer.main "$@"
+if [[ "$verl" == "1" ]]; then
+  if [[ "$n_gpus" -gt 0 && "$has_gpus_key" == "0" && "$config_name" != *_cpu ]]; then
+    args+=("trainer.n_gpus_per_node=$n_gpus")
+    echo "[train_grpo] $n_gpus GPU(s) visible: verl's trainer with trainer.n_gpus_per_node=$n_gpus" >&2
+  fi
+  if [[ "$dry_run" == "1" ]]; then
+    exec "$PYTHON" -m verl_ext.main --dry-run "${args[@]}"
+  fi
+  exec "$PYTHON" -m verl_ext.main "${args[@]}"
+fi
+
+if [[ "$dry_run" == "1" ]]; then
+  exec "$PYTHON" -m search_r1.trainer.main --cfg job --resolve "${args[@]}"
+fi
+exec "$PYTHON" -m search_r1.trainer.main "${args[@]}"
