@@ -14,8 +14,10 @@ you off-policy RL training"). The numbers match verl 0.9's `core_algos` (`kl_pen
 (verl's and upstream Search-R1's settings; our default is `population`, eps 1e-8, from the seed
 specification), `compute_grpo_outcome_advantage`; tests/search_r1/test_algos.py checks that.
 
-Registries (`ADV_ESTIMATORS`, `KL_ESTIMATORS`, `POLICY_LOSSES`, `AGG_MODES`) map config names to
-these functions; an unknown name raises ValueError listing the valid ones.
+`KL_ESTIMATORS` maps `algorithm.kl_type` names to estimators (`get_kl_estimator`); `AGG_MODES`,
+`STD_MODES` and `ROLLOUT_IS_LEVELS` list the other names the config selects from. An unknown name
+raises ValueError listing the valid ones. (One advantage estimator and one policy loss: the trainer
+calls them directly.)
 """
 from __future__ import annotations
 
@@ -50,19 +52,6 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     """
     denom = mask.sum() if dim is None else mask.sum(dim=dim)
     return masked_sum(x, mask, dim) / denom.clamp_min(1e-8)
-
-
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) with the masked mean and unbiased masked variance (all elements).
-
-    Shapes: x, mask (N, L) -> (N, L). Needs at least 2 unmasked elements.
-    """
-    n = mask.sum()
-    if n < 2:
-        raise ValueError(f"masked_whiten needs at least 2 unmasked elements, got {float(n)}")
-    mean = masked_mean(x, mask)
-    var = masked_sum((x - mean) ** 2, mask) / (n - 1)
-    return (x - mean) * torch.rsqrt(var + eps)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -341,23 +330,3 @@ def rollout_mismatch_sums(old_logp: torch.Tensor, rollout_logp: torch.Tensor,
             "logp_diff_max": float(d.max()) if d.numel() else 0.0,
             "prob_diff_max": float(p.max()) if p.numel() else 0.0,
             "seq_ratio_max": float(rho.max()) if rho.numel() else 0.0}
-
-
-POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, float]]]] = {
-    "ppo_clip": ppo_clip_loss,
-    "vanilla": ppo_clip_loss,  # verl's name for the same loss
-}
-
-ADV_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
-    "grpo": compute_grpo_advantages,
-}
-
-
-def get_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
-    """The policy loss registered as `name` (`ppo_clip`, alias `vanilla`)."""
-    return _lookup(POLICY_LOSSES, "policy loss", name)
-
-
-def get_adv_estimator(name: str) -> Callable[..., torch.Tensor]:
-    """The advantage estimator registered as `name` (`grpo`)."""
-    return _lookup(ADV_ESTIMATORS, "advantage estimator", name)

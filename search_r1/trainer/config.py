@@ -3,13 +3,14 @@
 One frozen dataclass per section of `search_r1/trainer/configs/grpo_cpu.yaml` (CONFIG_DIR, shipped
 with the package; `configs/grpo_cpu.yaml` at the repository root links to it) (model, data, retriever, rollout,
 algorithm, optim, trainer). `TrainConfig.from_dict(d)` builds them from the plain dict Hydra composes
-(`OmegaConf.to_container(cfg, resolve=True)`); every static rule is checked in `__post_init__` and
-fails with a ValueError that names the dotted key, the value, the allowed values and the fix. Unknown
-keys are errors (a typo must not silently fall back to a default). The defaults here equal the
-shipped YAML (tests/search_r1/trainer/test_config.py checks that).
+(`OmegaConf.to_container(cfg, resolve=True)`) through an OmegaConf structured config, which rejects
+unknown keys (a typo must not silently fall back to a default) and converts types; every static
+rule is checked in `__post_init__`; both fail with a ValueError that names the dotted key, the value,
+the allowed values and the fix. The defaults here equal the shipped YAML
+(tests/search_r1/trainer/test_config.py checks that).
 
-Runtime checks that need the machine or the filesystem after data preparation (cores, resolved data
-files, retriever reachability) live in `search_r1.trainer.main`.
+Checks that need the filesystem or the machine (data files, index and checkpoint paths, cores,
+retriever reachability) run at start-up, in `search_r1.trainer.main`.
 """
 from __future__ import annotations
 
@@ -20,24 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from search_r1.algos import AGG_MODES as _ALGO_AGG_MODES
+from search_r1.algos import KL_ESTIMATORS, ROLLOUT_IS_LEVELS, STD_MODES
+from search_r1.rewards import REWARD_FNS
+
 # The trainer's Hydra configs, inside the package so an installed (non-editable) copy has them.
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 AUTO = "auto"
 DTYPES = ("float32", "bfloat16")
-STD_MODES = ("population", "unbiased", "none")
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean")
-KL_TYPES = ("low_var_kl", "k3", "k1", "k2")
+# The workers normalise the loss by a global token or sequence count, so the *-sum modes are not offered.
+AGG_MODES = tuple(m for m in _ALGO_AGG_MODES if not m.endswith("-sum"))
+KL_TYPES = tuple(KL_ESTIMATORS)
 PROTOCOLS = ("tags", "tool_call")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
-REWARDS_FALLBACK = ("em", "f1", "seed", "subem")
-
-
-def _reward_names() -> tuple[str, ...]:
-    try:
-        from search_r1.rewards import REWARD_FNS
-    except ImportError:  # the rewards module is optional for config parsing only
-        return REWARDS_FALLBACK
-    return tuple(sorted(REWARD_FNS))
 
 
 def _fail(key: str, value: Any, allowed: str, fix: str) -> ValueError:
@@ -102,21 +98,6 @@ class DataConfig:
         _check_choice("data.protocol", self.protocol, PROTOCOLS)
         _check_range("data.max_prompt_length", self.max_prompt_length, 1)
         _check_range("data.val_size", self.val_size, 0)
-        for key in ("train_files", "test_files"):
-            for f in getattr(self, key):
-                if not Path(f).expanduser().is_file():
-                    raise ValueError(
-                        f"config data.{key} lists {f!r}, which does not exist. Fix: generate the data "
-                        f"(`python -m search_r1.data.synth --out DIR`) or point data.{key} at existing "
-                        f"parquet files, or leave it empty ([]) to use data.dir")
-        if self.dir != AUTO and not (self.train_files and self.test_files):
-            d = Path(self.dir).expanduser()
-            for name in ("train.parquet", "test.parquet"):
-                if not (d / name).is_file():
-                    raise ValueError(
-                        f"config data.dir={self.dir!r} has no {name}. Fix: set data.dir=auto (generate "
-                        f"the default synthetic world), generate one with `python -m search_r1.data.synth "
-                        f"--out {self.dir}`, or set data.train_files/data.test_files")
 
 
 @dataclass(frozen=True)
@@ -141,10 +122,6 @@ class RetrieverConfig:
         if self.url != AUTO and not self.url.startswith(("http://", "https://")):
             raise _fail("retriever.url", self.url, "'auto' or an http(s) URL",
                         "write it as http://HOST:PORT (e.g. http://127.0.0.1:8000/retrieve)")
-        if self.index and not Path(self.index).expanduser().is_dir():
-            raise ValueError(f"config retriever.index={self.index!r} is not a directory. Fix: build one with "
-                             f"`python -m retriever_server build --corpus C.jsonl --kind bm25 --out DIR` "
-                             f"or leave retriever.index empty")
         _check_range("retriever.topk", self.topk, 1)
         _check_range("retriever.timeout", self.timeout, 0, lo_open=True)
         _check_range("retriever.retries", self.retries, 0)
@@ -225,12 +202,12 @@ class AlgorithmConfig:
     rollout_is_threshold: float = 2.0
 
     def __post_init__(self):
-        _check_choice("algorithm.reward", self.reward, _reward_names())
+        _check_choice("algorithm.reward", self.reward, tuple(sorted(REWARD_FNS)))
         _check_choice("algorithm.grpo_std", self.grpo_std, STD_MODES)
         _check_choice("algorithm.kl_type", self.kl_type, KL_TYPES)
         _check_choice("algorithm.loss_agg", self.loss_agg, AGG_MODES)
         _check_choice("algorithm.old_log_prob", self.old_log_prob, ("auto", "recompute"))
-        _check_choice("algorithm.rollout_is", self.rollout_is, ("none", "token", "sequence"))
+        _check_choice("algorithm.rollout_is", self.rollout_is, ROLLOUT_IS_LEVELS)
         _check_range("algorithm.rollout_is_threshold", self.rollout_is_threshold, 1.0)
         _check_range("algorithm.eps", self.eps, 0)
         _check_range("algorithm.clip_ratio", self.clip_ratio, 0, 1, lo_open=True)
@@ -312,9 +289,6 @@ class TrainerConfig:
                         "make batch_size divisible by mini_batch_size (e.g. equal)")
         for log in self.loggers:
             _check_choice("trainer.loggers[]", log, LOGGERS)
-        if self.resume not in (AUTO, "none") and not Path(self.resume).expanduser().exists():
-            raise _fail("trainer.resume", self.resume, "'auto', 'none' or an existing checkpoint directory",
-                        "point trainer.resume at a checkpoint (e.g. OUTPUT/checkpoints/step_10) or use auto")
         if not self.output_dir:
             raise _fail("trainer.output_dir", self.output_dir, "a directory path", "set trainer.output_dir")
 
@@ -380,20 +354,30 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, raw: dict | None) -> "TrainConfig":
-        """Build from a nested dict; unknown sections or keys raise ValueError naming them."""
+        """Build from a nested dict (Hydra's composed config): OmegaConf merges it into the structured
+        schema (unknown sections or keys and unconvertible values raise, named), then instantiates
+        the dataclasses (their `__post_init__` checks run). Errors are ValueErrors naming the fix."""
+        from omegaconf import OmegaConf
+        from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
         raw = dict(raw or {})
         raw.pop("hydra", None)
-        unknown = sorted(set(raw) - set(SECTIONS))
-        if unknown:
-            raise ValueError(f"unknown config section(s) {unknown}; valid sections: {list(SECTIONS)}. "
-                             f"Fix: remove or rename them")
-        built = {}
-        for name, section_cls in SECTIONS.items():
-            values = raw.get(name) or {}
-            if not isinstance(values, dict):
-                raise ValueError(f"config section {name} must be a mapping, got {values!r}")
-            built[name] = _build_section(name, section_cls, values)
-        return cls(**built)
+        schema = OmegaConf.structured(cls)
+        for node in (schema, *(schema[name] for name in SECTIONS)):
+            OmegaConf.set_readonly(node, False)  # frozen dataclasses give read-only nodes; merging writes
+        try:
+            return OmegaConf.to_object(OmegaConf.merge(schema, raw))
+        except ConfigKeyError as exc:
+            section, _, key = (exc.full_key or "").partition(".")
+            if section not in SECTIONS:
+                raise ValueError(f"unknown config section(s) [{section!r}]; valid sections: {list(SECTIONS)}. "
+                                 f"Fix: remove or rename it") from None
+            raise ValueError(f"unknown config key(s) ['{section}.{key}']; valid keys in {section}: "
+                             f"{sorted(f.name for f in dataclasses.fields(SECTIONS[section]))}. Fix: check the "
+                             f"spelling (Hydra: use +key=... only for new keys, which this trainer does not "
+                             f"accept)") from None
+        except OmegaConfBaseException as exc:
+            raise _type_error(exc) from None
 
     def to_dict(self) -> dict:
         return {name: _plain(dataclasses.asdict(getattr(self, name))) for name in SECTIONS}
@@ -430,48 +414,22 @@ def _plain(d: dict) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
-def _build_section(section: str, section_cls: type, values: dict):
-    fields = {f.name: f for f in dataclasses.fields(section_cls)}
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        raise ValueError(f"unknown config key(s) {[f'{section}.{k}' for k in unknown]}; valid keys in "
-                         f"{section}: {sorted(fields)}. Fix: check the spelling (Hydra: use +key=... "
-                         f"only for new keys, which this trainer does not accept)")
-    hints = typing.get_type_hints(section_cls)
-    kwargs = {k: _coerce(f"{section}.{k}", v, hints[k]) for k, v in values.items()}
-    return section_cls(**kwargs)
+_KINDS = {bool: ("true or false", "write {key}=true or {key}=false"),
+          int: ("an integer", "write {key} as a whole number"),
+          float: ("a number", "write {key} as a number (e.g. 1.0e-5)"),
+          str: ("a string", "quote {key}")}
 
 
-def _coerce(key: str, value: Any, hint: Any) -> Any:
-    """Check a YAML value against the field's type; ints widen to float, lists become tuples."""
-    origin = typing.get_origin(hint)
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise _fail(key, value, "true or false", f"write {key}=true or {key}=false")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise _fail(key, value, "an integer", f"write {key} as a whole number")
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads 1e-5 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise _fail(key, value, "a number", f"write {key} as a number (e.g. 1.0e-5)")
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise _fail(key, value, "a string", f"quote {key}")
-    if origin is tuple:
-        if isinstance(value, (list, tuple)):
-            args = typing.get_args(hint)
-            item = args[0] if args else Any
-            return tuple(_coerce(f"{key}[]", v, item) if item is not Any else v for v in value)
-        raise _fail(key, value, "a list", f"write {key}=[a,b]")
-    return value
+def _type_error(exc) -> ValueError:
+    """A ValueError in `_fail`'s words for an OmegaConf merge/validation error (key, value, type)."""
+    key = exc.full_key or "(root)"
+    section, _, name = key.partition(".")
+    hint = None
+    if section in SECTIONS and name:
+        hint = typing.get_type_hints(SECTIONS[section]).get(name.split("[")[0])
+    if section in SECTIONS and not name:
+        return _fail(section, exc.value, "a mapping of keys", f"write {section}: as a section with keys")
+    allowed, fix = _KINDS.get(hint, ("a list" if typing.get_origin(hint) is tuple else "its documented type",
+                                     "write {key}=[a,b]" if typing.get_origin(hint) is tuple
+                                     else "see its comment in configs/grpo_cpu.yaml"))
+    return _fail(key, exc.value, allowed, fix.format(key=key))

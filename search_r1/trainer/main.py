@@ -111,6 +111,35 @@ def retriever_for_run(cfg: TrainConfig, data: DataPaths, log_dir: Path):
 
 
 # -- run --------------------------------------------------------------------------------------------
+def check_paths(cfg: TrainConfig) -> None:
+    """The files and directories the config names exist (ValueError naming the key and the fix)."""
+    d = cfg.data
+    for key in ("train_files", "test_files"):
+        for f in getattr(d, key):
+            if not Path(f).expanduser().is_file():
+                raise ValueError(
+                    f"config data.{key} lists {f!r}, which does not exist. Fix: generate the data "
+                    f"(`python -m search_r1.data.synth --out DIR`) or point data.{key} at existing "
+                    f"parquet files, or leave it empty ([]) to use data.dir")
+    if d.dir != AUTO and not (d.train_files and d.test_files):
+        for name in ("train.parquet", "test.parquet"):
+            if not (Path(d.dir).expanduser() / name).is_file():
+                raise ValueError(
+                    f"config data.dir={d.dir!r} has no {name}. Fix: set data.dir=auto (generate "
+                    f"the default synthetic world), generate one with `python -m search_r1.data.synth "
+                    f"--out {d.dir}`, or set data.train_files/data.test_files")
+    index = cfg.retriever.index
+    if index and not Path(index).expanduser().is_dir():
+        raise ValueError(f"config retriever.index={index!r} is not a directory. Fix: build one with "
+                         f"`python -m retriever_server build --corpus C.jsonl --kind bm25 --out DIR` "
+                         f"or leave retriever.index empty")
+    resume = cfg.trainer.resume
+    if resume not in (AUTO, "none") and not Path(resume).expanduser().exists():
+        raise ValueError(f"config trainer.resume={resume!r} is invalid: allowed 'auto', 'none' or an existing "
+                         f"checkpoint directory. Fix: point trainer.resume at a checkpoint (e.g. "
+                         f"OUTPUT/checkpoints/global_step_10) or use auto")
+
+
 def check_cores(cfg: TrainConfig) -> None:
     t = cfg.trainer
     cores = os.cpu_count() or 1
@@ -190,6 +219,7 @@ def run(cfg: TrainConfig, search_engine=None) -> dict:
     from search_r1.trainer.ray_trainer import RayGRPOTrainer
     from search_r1.trainer.workers import create_worker_group, shutdown_worker_group
 
+    check_paths(cfg)
     check_cores(cfg)
     torch.set_num_threads(1)  # the driver only decodes, scores and pads; the workers compute
     out = Path(cfg.trainer.output_dir).expanduser()

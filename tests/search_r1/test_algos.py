@@ -205,18 +205,47 @@ def test_entropy_and_masked_mean_hand():
     assert A.masked_mean(x, m).item() == pytest.approx(3.0)  # (1 + 3 + 5) / 3; NaN is masked out
     assert A.masked_mean(x, m, dim=1).tolist() == [1.0, 4.0]
     assert A.masked_mean(x, torch.zeros_like(m)).item() == 0.0
-    # whiten [1, 2, 3]: mean 2, unbiased var 1 -> [-1, 0, 1]
-    w = A.masked_whiten(torch.tensor([1.0, 2.0, 3.0, 100.0]), torch.tensor([1.0, 1.0, 1.0, 0.0]))
-    torch.testing.assert_close(w[:3], torch.tensor([-1.0, 0.0, 1.0]), atol=1e-6, rtol=0)
 
 
-def test_registries():
-    assert A.get_adv_estimator("grpo") is A.compute_grpo_advantages
-    assert A.get_policy_loss("ppo_clip") is A.ppo_clip_loss
-    with pytest.raises(ValueError, match=r"unknown policy loss.*'ppo_clip'"):
-        A.get_policy_loss("gspo")
-    with pytest.raises(ValueError, match=r"unknown advantage estimator.*'grpo'"):
-        A.get_adv_estimator("gae")
+def test_kl_registry_names_the_valid_estimators():
+    assert A.get_kl_estimator("low_var_kl") is A.k3_kl
+    with pytest.raises(ValueError, match=r"unknown KL estimator.*'k3'"):
+        A.get_kl_estimator("k4")
+
+
+def test_truncated_is_weights_by_hand():
+    old = torch.tensor([[0.0, -1.0, -2.0], [-1.0, -1.0, 0.0]])
+    # row 0: ratios e^1, e^-1, 1 ; row 1: e^-0.5 twice, third token masked
+    rollout = torch.tensor([[-1.0, 0.0, -2.0], [-0.5, -0.5, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    tok = A.truncated_is_weights(old, rollout, mask, "token", threshold=2.0)
+    torch.testing.assert_close(tok, torch.tensor([[2.0, math.exp(-1), 1.0], [math.exp(-0.5)] * 2 + [0.0]]))
+    # sequence: row 0 sums to 0 -> 1; row 1 sums to -1 -> e^-1 (the masked 9.0 does not count)
+    seq = A.truncated_is_weights(old, rollout, mask, "sequence", threshold=2.0)
+    torch.testing.assert_close(seq, torch.tensor([[1.0, 1.0, 1.0], [math.exp(-1)] * 2 + [0.0]]))
+    with pytest.raises(ValueError, match="rollout_is"):
+        A.truncated_is_weights(old, rollout, mask, "geo")
+
+
+def test_rollout_mismatch_sums_by_hand():
+    old = torch.tensor([[0.0, -1.0], [-2.0, -3.0], [0.0, 0.0]])
+    rollout = torch.tensor([[-0.5, -1.0], [-2.0, 5.0], [1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])  # row 2 has no generated token
+    s = A.rollout_mismatch_sums(old, rollout, mask)
+    assert s["tokens"] == 3 and s["sequences"] == 2
+    assert s["logp_diff_sum"] == pytest.approx(0.5) and s["logp_diff_max"] == pytest.approx(0.5)
+    assert s["prob_diff_sum"] == pytest.approx(1 - math.exp(-0.5))  # |e^0 - e^-0.5|
+    assert s["seq_ratio_sum"] == pytest.approx(math.exp(0.5) + 1.0)  # rows 0 (e^0.5) and 1 (1)
+    assert s["seq_ratio_max"] == pytest.approx(math.exp(0.5))
+
+
+def test_policy_loss_with_rollout_is_weights_scales_each_token():
+    logp = torch.zeros(1, 2)
+    adv = torch.tensor([[1.0, -1.0]])
+    mask = torch.ones(1, 2)
+    w = torch.tensor([[2.0, 0.5]])
+    loss, _ = A.ppo_clip_loss(logp, logp, adv, mask, rollout_is_weights=w)
+    assert loss.item() == pytest.approx((-1.0 * 2.0 + 1.0 * 0.5) / 2)  # -A * ratio(=1) * w, token mean
 
 
 # --------------------------------------------------------------------------- verl as the reference
@@ -319,4 +348,3 @@ def test_entropy_and_masked_mean_match_verl(verl_algos):
     m = (torch.rand(6, 9, generator=g) > 0.4).float()
     torch.testing.assert_close(A.masked_mean(x, m), verl_F.masked_mean(x, m), atol=1e-6, rtol=0)
     torch.testing.assert_close(A.masked_mean(x, m, dim=1), verl_F.masked_mean(x, m, axis=1), atol=1e-6, rtol=0)
-    torch.testing.assert_close(A.masked_whiten(x, m), verl_F.masked_whiten(x, m), atol=1e-5, rtol=0)

@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from search_r1.trainer.config import CONFIG_DIR, TrainConfig
-from search_r1.trainer.main import StartupError, check_cores, check_retriever, prepare_data
+from search_r1.trainer.main import StartupError, check_cores, check_paths, check_retriever, prepare_data
 TRAINER_CONFIGS = sorted(p.stem for p in CONFIG_DIR.glob("grpo_*.yaml"))
 
 
@@ -66,8 +66,8 @@ def test_hydra_overrides_reach_the_dataclasses():
     (["trainer.loggers=[console,mlflow]"], ["loggers", "mlflow", "wandb"]),
 ])
 def test_bad_config_fails_fast_naming_key_and_fix(overrides, fragments):
-    with pytest.raises(ValueError) as err:
-        TrainConfig.from_dict(load("grpo_cpu", overrides))
+    with pytest.raises(ValueError) as err:  # paths are checked at start-up, the rest when parsing
+        check_paths(TrainConfig.from_dict(load("grpo_cpu", overrides)))
     for fragment in fragments:
         assert fragment in str(err.value), (fragment, str(err.value))
 
