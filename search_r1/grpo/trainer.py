@@ -142,7 +142,8 @@ class GRPOTrainer:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.pad_token_id = int(pad or 0)
         self.micro_batch_size = cfg.micro_batch_size
-        self.global_step = 0
+        self.global_step = 0  # policy updates made (train_step calls), names checkpoints
+        self.data_step = 0  # batches `train` has consumed: its position in the epoch schedule
         self.rollout_calls = 0
         self.history: list[dict] = []
         self.stats = {"oom_retries": 0, "skipped_trajectories": 0}
@@ -459,8 +460,9 @@ class GRPOTrainer:
               batch_size: int | None = None) -> list[dict]:
         """`num_epochs` passes over the data in batches of `batch_size` queries (config defaults).
 
-        Continues from `global_step` (after `load`, a run resumes where the checkpoint left off; the
-        data order of each epoch is a function of config.seed and the epoch). Prints a metrics line
+        Continues from `data_step`, the batches earlier `train` calls consumed (after `load`, a run
+        resumes where the checkpoint left off; the data order of each epoch is a function of
+        config.seed and the epoch; `train_step` calls made by hand do not move it). Prints a metrics line
         every `log_interval` steps, saves to `output_dir` every `save_interval` steps. Returns the
         per-step metrics (without trajectories), also appended to `self.history`.
         """
@@ -473,26 +475,27 @@ class GRPOTrainer:
         per_epoch = math.ceil(len(queries) / bs)
         total = epochs * per_epoch
         out = []
-        bar = tqdm(total=total, initial=min(self.global_step, total), desc="GRPO", disable=not cfg.progress)
+        bar = tqdm(total=total, initial=min(self.data_step, total), desc="GRPO", disable=not cfg.progress)
         with contextlib.closing(bar):
-            while self.global_step < total:
-                epoch, b = divmod(self.global_step, per_epoch)
+            while self.data_step < total:
+                epoch, b = divmod(self.data_step, per_epoch)
                 order = list(range(len(queries)))
                 random.Random(f"{cfg.seed}:{epoch}").shuffle(order) if cfg.seed is not None else random.shuffle(order)
                 idx = order[b * bs:(b + 1) * bs]
                 metrics = self.train_step([queries[i] for i in idx], [ground_truths[i] for i in idx])
+                self.data_step += 1
                 metrics.pop("trajectories")
                 metrics["epoch"] = epoch
                 out.append(metrics)
                 self.history.append(metrics)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['avg_reward']:.2f}", loss=f"{metrics['loss']:.3f}")
-                if cfg.log_interval and self.global_step % cfg.log_interval == 0:
-                    bar.write(f"step {self.global_step}/{total} epoch {epoch} reward {metrics['avg_reward']:.3f} "
+                if cfg.log_interval and self.data_step % cfg.log_interval == 0:
+                    bar.write(f"step {self.data_step}/{total} epoch {epoch} reward {metrics['avg_reward']:.3f} "
                               f"loss {metrics['loss']:.4f} kl {metrics['kl_div']:.4f} tokens "
                               f"{metrics['avg_tokens']:.1f} searched {metrics['search_trajectories']:.2f} "
                               f"({metrics['gen_s'] + metrics['update_s']:.1f}s)")
-                if cfg.save_interval and self.global_step % cfg.save_interval == 0:
+                if cfg.save_interval and self.data_step % cfg.save_interval == 0:
                     self.save(cfg.output_dir)
         return out
 
@@ -504,7 +507,7 @@ class GRPOTrainer:
         from search_r1.trainer.checkpoint import CheckpointManager
 
         self._require_weights("save")
-        extra = {"global_step": self.global_step, "rollout_calls": self.rollout_calls,
+        extra = {"global_step": self.global_step, "data_step": self.data_step, "rollout_calls": self.rollout_calls,
                  "micro_batch_size": self.micro_batch_size, "config": self.config.to_dict(),
                  "history": self.history}
         return CheckpointManager(path, keep_last=None).save(self.global_step, self.model, self.tokenizer,
@@ -526,6 +529,7 @@ class GRPOTrainer:
             restore_rng_state(state["rng"])
         extra = state["extra_state"] or {}
         self.global_step = int(extra.get("global_step", state["step"] or 0))
+        self.data_step = int(extra.get("data_step", self.global_step))
         self.rollout_calls = int(extra.get("rollout_calls", 0))
         self.micro_batch_size = int(extra.get("micro_batch_size", self.micro_batch_size))
         self.history = list(extra.get("history", []))

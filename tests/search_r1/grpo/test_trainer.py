@@ -155,7 +155,7 @@ def test_save_load_resume_reproduces_the_uninterrupted_run(scripted_trainer, tmp
 
     b = scripted_trainer(tiny_config(group_size=2, update_times=1, num_epochs=1, batch_size=1, log_interval=0))
     state = b.load(tmp_path / "a" / "global_step_1")
-    assert b.global_step == 1 and state["optimizer"] is not None and len(b.history) == 1
+    assert b.global_step == b.data_step == 1 and state["optimizer"] is not None and len(b.history) == 1
     assert b.optimizer.state_dict()["state"][0]["step"] == 1  # AdamW moments came back
     resumed = b.train(queries, gold)  # only the missing step runs
     assert [h["step"] for h in resumed] == [2]
@@ -167,6 +167,10 @@ def test_save_load_resume_reproduces_the_uninterrupted_run(scripted_trainer, tmp
     c = scripted_trainer(tiny_config(log_interval=0))
     c.load(tmp_path / "a")
     assert c.global_step == 2
+    # a train_step made by hand is an update, not a batch of train's schedule
+    d = scripted_trainer(tiny_config(group_size=2, update_times=1, num_epochs=1, log_interval=0))
+    d.train_step(queries[:1], gold[:1])
+    assert [h["step"] for h in d.train(queries, gold)] == [2, 3] and d.data_step == 2
 
 
 def test_build_search_engine_from_config(monkeypatch):
