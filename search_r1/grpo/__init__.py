@@ -14,8 +14,7 @@ from search_r1.grpo.records import TokenStep, Trajectory
 from search_r1.grpo.trainer import (GRPOTrainer, PolicyUpdateUnavailable, build_search_engine, config_reward,
                                     final_answer_of)
 from search_r1.rewards import check_answer_correctness, check_format_correctness, compute_reward
-from search_r1.search import MockSearchEngine, RetrieverClient, SearchEngine, SearchError
-from search_r1.search.web import WebSearchEngine
+from search_r1.search import MockSearchEngine, RetrieverClient, SearchEngine, SearchError, WebSearchEngine
 
 # The name for our HTTP retriever client.
 RetrieverSearchEngine = RetrieverClient
