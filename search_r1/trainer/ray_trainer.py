@@ -124,7 +124,7 @@ class RayGRPOTrainer:
             if t.test_freq and step % t.test_freq == 0 and step != t.total_steps:
                 metrics.update(self.validate())
             self._log(metrics, step)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl=f"{metrics.get('actor/kl_loss', 0):.4f}")
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl=f"{metrics['actor/kl_loss']:.4f}")
             if t.save_freq and step % t.save_freq == 0:
                 summary["checkpoint"] = self.save_checkpoint(step)
                 last_saved = step
@@ -162,8 +162,7 @@ class RayGRPOTrainer:
         gen_before, worker_before = self.generator.seconds, self.generator.worker_seconds
         with timed(timing, "gen"):
             rollout = manager.run_llm_loop(gen_batch)
-        loop_timing = rollout.meta_info.get("timing", {})
-        timing["search"] = loop_timing.get("search_s", 0.0)
+        timing["search"] = rollout.meta_info["timing"]["search_s"]
         timing["gen_model"] = self.generator.seconds - gen_before  # worker round trips incl. sampling
         timing["gen_worker"] = self.generator.worker_seconds - worker_before  # sampling alone
         return rollout
@@ -234,10 +233,12 @@ class RayGRPOTrainer:
         return out
 
     def rollout_metrics(self, batch: DataProto, scores: list[float], texts: list[str]) -> dict:
+        """Reward, environment and response statistics of a step (the rollout's stats: a missing
+        key is a bug in the rollout, so it fails here instead of reading as 0)."""
         meta = batch.meta_info
         golds = batch.non_tensor_batch["golden_answers"]
-        turns = np.asarray(meta.get("turns_stats", [0]), dtype=float)
-        valid = np.asarray(meta.get("valid_action_stats", [0]), dtype=float)
+        turns = np.asarray(meta["turns_stats"], dtype=float)
+        valid = np.asarray(meta["valid_action_stats"], dtype=float)
         resp_len = batch.batch["attention_mask"][:, -batch.batch["responses"].shape[1]:].sum(-1).float()
         return {
             "reward/mean": _mean(scores),
@@ -246,15 +247,15 @@ class RayGRPOTrainer:
             "reward/em": _mean(em_score(t, list(g)) for t, g in zip(texts, golds)),
             "reward/format_valid": _mean(check_format_correctness(t) > 0 for t in texts),
             "env/turns_mean": float(turns.mean()),
-            "env/searches_mean": _mean(meta.get("valid_search_stats", [0])),
+            "env/searches_mean": _mean(meta["valid_search_stats"]),
             "env/valid_action_ratio": float(valid.sum() / max(turns.sum(), 1.0)),
-            "env/finish_ratio": 1.0 - _mean(meta.get("active_mask", [0])),
-            "env/search_failures": float(sum(meta.get("search_failure_stats", [0]))),
+            "env/finish_ratio": 1.0 - _mean(meta["active_mask"]),
+            "env/search_failures": float(sum(meta["search_failure_stats"])),
             "response/length_mean": float(resp_len.mean()),
             "response/length_max": float(resp_len.max()),
-            "response/generated_tokens_mean": _mean(meta.get("generated_token_stats", [0])),
-            "response/obs_tokens_mean": _mean(meta.get("observation_token_stats", [0])),
-            "response/truncated_ratio": _mean(meta.get("truncated_mask", [0])),
+            "response/generated_tokens_mean": _mean(meta["generated_token_stats"]),
+            "response/obs_tokens_mean": _mean(meta["observation_token_stats"]),
+            "response/truncated_ratio": _mean(meta["truncated_mask"]),
         }
 
     # -- validation ---------------------------------------------------------------------------------
@@ -272,7 +273,7 @@ class RayGRPOTrainer:
             texts = self.response_texts(out)
             nt = out.non_tensor_batch
             for text, gold, source, searches in zip(texts, nt["golden_answers"], nt["data_source"],
-                                                    out.meta_info.get("valid_search_stats", [0] * len(texts))):
+                                                    out.meta_info["valid_search_stats"]):
                 gold = list(gold)
                 rec = per_source[str(source)]
                 rec["em"].append(em_score(text, gold))

@@ -148,3 +148,23 @@ def test_resume_applies_free_settings_and_refuses_state_bound_ones(make_trainer,
     with pytest.raises(ValueError, match=r"KL reference: saved .*sha256 000000000000"):
         make_trainer(config(synth_world, tmp_path)).maybe_resume()
     assert path.endswith("global_step_3")
+
+
+def test_a_missing_rollout_stat_is_an_error_not_a_zero(make_trainer, synth_world, tmp_path):
+    from verl import DataProto
+
+    trainer = make_trainer(config(synth_world, tmp_path))
+    batch = DataProto.from_dict({"responses": torch.ones(1, 2, dtype=torch.long),
+                                 "attention_mask": torch.ones(1, 4, dtype=torch.long)},
+                                non_tensors={"golden_answers": _objects([["x"]])},
+                                meta_info={"valid_action_stats": [1]})  # turns_stats missing
+    with pytest.raises(KeyError, match="turns_stats"):
+        trainer.rollout_metrics(batch, [1.0], ["<answer> x </answer>"])
+
+
+def _objects(values):
+    import numpy as np
+
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = values
+    return arr
