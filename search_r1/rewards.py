@@ -33,7 +33,13 @@ FORMAT_INVALID = -1.0
 EOS_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "</s>", "<eos>")
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
-_TAG = re.compile(r"</?(?:search|information|answer|think)>")
+# check_format_correctness: symbols for an information block and for "</search>" + its block
+# (control characters no response keeps: they are removed from the text first)
+_INFO, _OBSERVED = "\x00", "\x01"
+_INFORMATION_BLOCK = re.compile(r"<information>.*?</information>", re.DOTALL)
+_SEARCH_THEN_INFO = re.compile(r"</search>\s*\x00")
+_FORMAT_SYMBOL = re.compile(r"</?(?:search|information|answer|think)>|[\x00\x01]")
+_FORMAT_GRAMMAR = re.compile(r"(?:<search>\x01)*<answer></answer>")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # Text the environment inserts into a response: retrieved passages may contain anything, and the
 # invalid-action message names the <answer> tags itself, so neither may be read as the model's
@@ -109,72 +115,25 @@ def _strip_trailing_eos(text: str) -> str:
 def check_format_correctness(text: str, valid: float = FORMAT_VALID, invalid: float = FORMAT_INVALID) -> float:
     """`valid` if the response follows the Search-R1 protocol, else `invalid`.
 
-    Rules, applied after deleting every `<think>...</think>` block (tags inside thoughts do not
-    count):
-      1. no stray `<think>` / `</think>` remains (an unclosed or unopened thought is malformed);
-      2. exactly one `<answer>` and one `</answer>`, in that order, not nested in another block;
-      3. the answer block is the last content: after `</answer>` only whitespace and EOS markers
-         (`EOS_MARKERS`, e.g. `<|im_end|>`) may follow;
-      4. `<search>` tags are balanced and never nested, and every `<search>...</search>` is followed
-         (whitespace apart) by an `<information>...</information>` block; every information block
-         is preceded by a search (pairs: both or neither).
-    The inside of an `<information>` block is opaque (retrieved passages may contain any text).
-    A response holding the environment's invalid-action message fails rule 2 or 4, because the
-    message names the tags itself; a trajectory with an invalid action is not well formed.
+    After deleting every `<think>...</think>` block (tags inside thoughts do not count) and
+    collapsing every `<information>...</information>` block to one opaque symbol (retrieved passages
+    may contain any text), the protocol tags must read, in order, exactly
+
+        (<search> </search> <information-block>)*  <answer> </answer>
+
+    with only whitespace between a `</search>` and its information block, and only whitespace and
+    EOS markers (`EOS_MARKERS`, e.g. `<|im_end|>`) after `</answer>`. So: no stray think tag, one
+    answer block and it comes last, no nested blocks, every search followed by its information and
+    every information preceded by a search. A response holding the environment's invalid-action
+    message fails (the message names the tags itself): such a trajectory is not well formed.
     """
-    body = _THINK_BLOCK.sub(" ", text)
-    tags = list(_TAG.finditer(body))
-    answer_end = None  # offset just past `</answer>`
-    open_tag = None  # the block we are inside: "search" | "answer" | None
-    expect_information = False  # a search block just closed
-    n_answers = 0
-    pos = 0
-    i = 0
-    while i < len(tags):
-        m = tags[i]
-        tag = m.group(0)
-        between = body[pos : m.start()]
-        if expect_information and (between.strip() or tag != "<information>"):
-            return invalid  # search not followed by its information block
-        if tag in ("<think>", "</think>"):
-            return invalid
-        if tag == "<information>":
-            if open_tag is not None or not expect_information:
-                return invalid  # information without a preceding search, or inside a block
-            # Skip the opaque passages up to the closing tag.
-            close = body.find("</information>", m.end())
-            if close < 0:
-                return invalid
-            pos = close + len("</information>")
-            expect_information = False
-            while i < len(tags) and tags[i].start() < pos:
-                i += 1
-            continue
-        if tag == "</information>":
-            return invalid  # a closing tag with no opener
-        if tag in ("<search>", "<answer>"):
-            if open_tag is not None:
-                return invalid  # nested blocks
-            open_tag = tag[1:-1]
-            if tag == "<answer>":
-                n_answers += 1
-                if n_answers > 1:
-                    return invalid
-        else:  # "</search>" | "</answer>"
-            if open_tag != tag[2:-1]:
-                return invalid  # unbalanced
-            open_tag = None
-            if tag == "</search>":
-                expect_information = True
-            else:
-                answer_end = m.end()
-        pos = m.end()
-        i += 1
-    if open_tag is not None or expect_information or answer_end is None:
+    body = _THINK_BLOCK.sub(" ", text.replace(_INFO, "").replace(_OBSERVED, ""))
+    body = _INFORMATION_BLOCK.sub(_INFO, body)
+    body = _SEARCH_THEN_INFO.sub(_OBSERVED, body)  # "</search>" + whitespace + passages -> one symbol
+    if not _FORMAT_GRAMMAR.fullmatch("".join(m.group(0) for m in _FORMAT_SYMBOL.finditer(body))):
         return invalid
-    if _strip_trailing_eos(body[answer_end:]):
-        return invalid  # the answer is not the last content
-    return valid
+    tail = body[body.rindex("</answer>") + len("</answer>"):]
+    return invalid if _strip_trailing_eos(tail) else valid
 
 
 # --------------------------------------------------------------------------- answers
