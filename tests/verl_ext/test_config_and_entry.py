@@ -1,0 +1,158 @@
+"""configs/grpo_verl.yaml against the installed verl: it composes, overrides apply, verl's own checks
+and typed configs accept it; verl_ext.main's pre-Ray checks name the key and the fix; and
+scripts/train_grpo.sh routes to the right trainer (checked with a stand-in python and nvidia-smi)."""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+
+import pytest
+from omegaconf import OmegaConf
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+from verl_ext.main import ConfigError, check_config
+
+from tests.verl_ext.helpers import REPO, verl_config
+
+CONFIG = REPO / "verl_ext" / "configs" / "grpo_verl.yaml"
+
+
+def test_composes_with_upstream_recipe_and_overrides():
+    cfg = verl_config()
+    a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    # upstream Search-R1 train_grpo.sh (UPSTREAM_NOTES)
+    assert (cfg.data.train_batch_size, r.n, a.ppo_mini_batch_size) == (512, 5, 256)
+    assert (a.optim.lr, a.optim.lr_warmup_steps_ratio, a.grad_clip) == (1e-6, 0.285, 1.0)
+    assert (a.use_kl_loss, a.kl_loss_type, a.kl_loss_coef, a.clip_ratio, a.entropy_coeff) == \
+        (True, "low_var_kl", 0.001, 0.2, 0.001)
+    assert (cfg.search_r1.max_turns, cfg.search_r1.max_obs_length, cfg.search_r1.max_tokens_per_turn,
+            cfg.search_r1.retriever.topk) == (2, 500, 500, 3)
+    assert (r.prompt_length, r.response_length) == (2048, 2048)  # interpolated from data.*
+    assert (r.name, r.mode, r.agent.default_agent_loop, r.calculate_log_probs) == ("vllm", "async", "search_r1", True)
+    assert (cfg.algorithm.adv_estimator, cfg.trainer.v1.trainer_mode) == ("search_r1_grpo", "search_r1")
+    assert cfg.reward.custom_reward_function.path == "pkg://verl_ext.reward"
+    # keys verl defines and we do not touch keep verl's defaults
+    assert cfg.actor_rollout_ref.actor.ppo_epochs == 1 and cfg.critic.enable is None
+    over = verl_config(actor_rollout_ref__rollout__n=3, search_r1__retriever__urls=["http://h1:8000", "http://h2:8000"])
+    assert over.actor_rollout_ref.rollout.n == 3 and list(over.search_r1.retriever.urls) == ["http://h1:8000", "http://h2:8000"]
+
+
+def test_verls_own_validation_and_typed_configs_accept_it():
+    cfg = verl_config()
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    OmegaConf.resolve(cfg)
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    algo = omega_conf_to_dataclass(cfg.algorithm)
+    assert rollout.agent.default_agent_loop == "search_r1" and actor.kl_loss_type == "low_var_kl"
+    assert algo.adv_estimator == "search_r1_grpo"
+
+
+def test_every_field_has_a_comment_above_it():
+    """As verl's CI requires of its own YAML: every field has a comment line right above it. Keys
+    that only open a block of other keys (`actor:`) are exempt; their fields carry the comments."""
+    lines = CONFIG.read_text().splitlines()
+    indent = [len(x) - len(x.lstrip()) for x in lines]
+    missing = []
+    for i, line in enumerate(lines):
+        if not re.match(r"^\s*[A-Za-z_][\w.]*:", line):
+            continue
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        opens_block = line.rstrip().endswith(":") and indent[i + 1] > indent[i] and not nxt.strip().startswith("-")
+        if not opens_block and not lines[i - 1].strip().startswith("#"):
+            missing.append(f"line {i + 1}: {line.strip()}")
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"search_r1__max_obs_lenght": 5}, r"unknown key\(s\) \['search_r1.max_obs_lenght'\]"),
+    ({"search_r1__max_obs_length": 0}, r"max_obs_length must be an int >= 1.*search_r1.max_obs_length"),
+    ({"search_r1__protocol": "json"}, r"allowed values: \['tags', 'tool_call'\]"),
+    ({"data__max_response_length": 10, "search_r1__max_context_length": 20},
+     r"max_start_length \(2048\) must not exceed max_prompt_length \(20\).*actor_rollout_ref.rollout.prompt_length"),
+    ({"algorithm__adv_estimator": "grpoo"}, r"algorithm.adv_estimator='grpoo' is not registered.*'search_r1_grpo'"),
+    ({"trainer__v1__trainer_mode": "fast"}, r"trainer.v1.trainer_mode='fast' is not registered.*'search_r1', 'separate_async', 'sync'"),
+    ({"actor_rollout_ref__rollout__agent__default_agent_loop": "search"}, r"default_agent_loop='search'.*'search_r1'"),
+    ({"reward__custom_reward_function__reward_kwargs__reward": "bleu"}, r"reward='bleu' is not registered.*'em'"),
+    ({"data__train_batch_size": 3, "trainer__n_gpus_per_node": 2, "actor_rollout_ref__rollout__n": 1},
+     r"validate_config rejected.*real_train_batch_size \(3\) must be divisible"),
+])
+def test_config_errors_name_the_key_before_any_ray_start(override, message):
+    with pytest.raises(ConfigError, match=message):
+        check_config(verl_config(**override), dry_run=True)
+
+
+def test_real_run_checks_data_files_and_retriever(tmp_path, retriever_server, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # past the GPU check: no GPU here
+    with pytest.raises(ConfigError, match=r"data.train_files: .*nowhere.parquet does not exist. Fix: prepare"):
+        check_config(verl_config(data__train_files=str(tmp_path / "nowhere.parquet")))
+    data = tmp_path / "d.parquet"
+    data.write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"no retriever in search_r1.retriever.urls answers.*retriever_server serve"):
+        check_config(verl_config(data__train_files=str(data), data__val_files=str(data),
+                                 search_r1__retriever__urls=["http://127.0.0.1:9"]))
+    # one live URL of two: a warning for the dead one, no error
+    warnings = check_config(verl_config(data__train_files=str(data), data__val_files=str(data),
+                                        search_r1__retriever__urls=["http://127.0.0.1:9", retriever_server.url]))
+    assert len(warnings) == 1 and "127.0.0.1:9" in warnings[0]
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(ConfigError, match="trainer.device=cuda but no CUDA GPU is visible.*grpo_verl_cpu"):
+        check_config(verl_config(data__train_files=str(data), data__val_files=str(data)))
+
+
+# -- scripts/train_grpo.sh routing ----------------------------------------------------------------
+def _stub(path, body):
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def route(tmp_path, *args, gpus: int = 0, env=None):
+    """argv the script hands to python (a stand-in that prints it), with `gpus` fake GPUs visible."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    python = _stub(tmp_path / "python", 'if [[ "$1" == "-c" ]]; then echo 0; exit 0; fi; printf "%s\\n" "$@"\n')
+    smi = bin_dir / "nvidia-smi"
+    if gpus:
+        _stub(smi, "".join(f'echo "GPU {i}: Fake GPU (UUID: GPU-{i})"\n' for i in range(gpus)))
+    elif smi.exists():
+        smi.unlink()
+    run_env = {**os.environ, "PYTHON": str(python), "PATH": f"{bin_dir}:{os.environ['PATH']}", **(env or {})}
+    run_env.pop("SEARCH_R1_FORCE_CPU", None) if not env or "SEARCH_R1_FORCE_CPU" not in env else None
+    out = subprocess.run(["bash", str(REPO / "scripts" / "train_grpo.sh"), *args], env=run_env,
+                         capture_output=True, text=True, timeout=60, check=True)
+    return out.stdout.split()
+
+
+def test_script_routes_each_case(tmp_path):
+    # no GPU, no config name: the embedded CPU trainer, arguments untouched (today's default path)
+    assert route(tmp_path, "trainer.total_steps=5", "-m", "optim.lr=1e-5,3e-5") == \
+        ["-m", "search_r1.trainer.main", "trainer.total_steps=5", "-m", "optim.lr=1e-5,3e-5"]
+    assert route(tmp_path, "--dry-run") == ["-m", "search_r1.trainer.main", "--cfg", "job", "--resolve"]
+    # GPUs visible: verl's trainer with grpo_verl and the GPU count, sweeps forwarded
+    assert route(tmp_path, "-m", "actor_rollout_ref.actor.optim.lr=1e-6,3e-6", gpus=4) == \
+        ["-m", "verl_ext.main", "--config-name", "grpo_verl", "-m", "actor_rollout_ref.actor.optim.lr=1e-6,3e-6",
+         "trainer.n_gpus_per_node=4"]
+    # the user's own GPU count wins; SEARCH_R1_FORCE_CPU=1 keeps the CPU trainer
+    assert route(tmp_path, "trainer.n_gpus_per_node=2", gpus=4)[-1] == "trainer.n_gpus_per_node=2"
+    assert route(tmp_path, gpus=4, env={"SEARCH_R1_FORCE_CPU": "1"}) == ["-m", "search_r1.trainer.main"]
+    # verl configs by name on any machine; --dry-run forwarded to verl_ext.main
+    assert route(tmp_path, "--dry-run", "--config-name", "grpo_verl") == \
+        ["-m", "verl_ext.main", "--dry-run", "--config-name", "grpo_verl"]
+    assert route(tmp_path, "--config-name=grpo_verl_cpu", gpus=2) == ["-m", "verl_ext.main", "--config-name=grpo_verl_cpu"]
+
+
+def test_dry_run_prints_the_resolved_config_on_this_machine():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("SEARCH_R1_FORCE_CPU", None)
+    out = subprocess.run(["bash", str(REPO / "scripts" / "train_grpo.sh"), "--dry-run", "--config-name", "grpo_verl",
+                          "actor_rollout_ref.rollout.n=3", "search_r1.max_turns=4"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    printed = OmegaConf.create(out.stdout[out.stdout.index("model_engine:"):])
+    assert printed.actor_rollout_ref.rollout.n == 3 and printed.search_r1.max_turns == 4
+    assert printed.actor_rollout_ref.rollout.prompt_length == 2048  # interpolations resolved
+    assert "does not exist" in out.stderr  # the default data paths are missing here: a warning only
