@@ -17,7 +17,17 @@ use the tokenizer itself. Text that is not ASCII or that contains an added token
 from __future__ import annotations
 
 import itertools
+import os
 import re
+
+# The one switch: SEARCH_R1_BPE_CACHE=0 makes both `for_tokenizer`s return None, so every caller
+# uses the tokenizer itself (for benchmarks and for ruling this module out when debugging).
+SWITCH_ENV = "SEARCH_R1_BPE_CACHE"
+
+
+def enabled() -> bool:
+    """False when SEARCH_R1_BPE_CACHE is set to 0 / false / off."""
+    return os.environ.get(SWITCH_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
 # GPT-2's pre-tokenizer pattern restricted to ASCII: \p{L} = [A-Za-z], \p{N} = [0-9], \s = the six
 # ASCII whitespace characters (re.ASCII), exactly what the Unicode classes match on ASCII input.
@@ -59,6 +69,8 @@ class PieceEncoder:
     @classmethod
     def for_tokenizer(cls, tokenizer) -> PieceEncoder | None:
         """A PieceEncoder if `tokenizer` (HF fast tokenizer or `tokenizers.Tokenizer`) qualifies."""
+        if not enabled():
+            return None
         backend = getattr(tokenizer, "_tokenizer", tokenizer)
         try:
             from tokenizers import models, pre_tokenizers
@@ -132,6 +144,8 @@ class ByteDecoder:
     @classmethod
     def for_tokenizer(cls, tokenizer) -> ByteDecoder | None:
         """The decoder for `tokenizer`, built once per tokenizer object (building takes ~0.1 s)."""
+        if not enabled():
+            return None
         backend = getattr(tokenizer, "_tokenizer", tokenizer)
         hit = _DECODERS.get(id(backend))
         if hit is not None and hit[0] is backend:

@@ -64,3 +64,16 @@ def test_byte_decoder_matches_tokenizer(tok):
     assert dec.decode(rows) == decode_ids(tok, rows)
     # An id past the table falls through to the tokenizer, whatever it does with it.
     assert dec.decode([[size + 10, 1]]) == decode_ids(tok, [[size + 10, 1]])
+
+
+def test_one_switch_turns_the_cache_off_and_the_ids_stay_the_same(monkeypatch):
+    from search_r1.bpe_cache import ByteDecoder
+    from search_r1.protocol import ObservationEncoder
+
+    tok = smollm2_tokenizer()
+    passages = ["Doc 1(Title: \"Paris\") Paris is the capital of France. It's big."]
+    on = ObservationEncoder(tok, "tags").encode(["search"], [passages[0]], [64])
+    assert PieceEncoder.for_tokenizer(tok) is not None and ByteDecoder.for_tokenizer(tok) is not None
+    monkeypatch.setenv("SEARCH_R1_BPE_CACHE", "0")
+    assert PieceEncoder.for_tokenizer(tok) is None and ByteDecoder.for_tokenizer(tok) is None
+    assert ObservationEncoder(tok, "tags").encode(["search"], [passages[0]], [64]) == on
