@@ -119,8 +119,9 @@ def resolve_model_dir(model: str) -> str:
     """A checkpoint directory -> its HF `model/` subdirectory; a training run directory -> the HF
     directory of its latest complete checkpoint; anything else unchanged (alias, HF dir, GGUF)."""
     path = Path(model).expanduser()
-    if not path.is_dir() or (path / "config.json").is_file():
+    if not path.is_dir():
         return model
+    # A run directory holds the trainer's own config.json too, so look for checkpoints first.
     if (path / "model" / "config.json").is_file():
         return str(path / "model")
     if (path / "checkpoints").is_dir():
@@ -131,6 +132,8 @@ def resolve_model_dir(model: str) -> str:
             raise ValueError(f"{path} is a training run directory without a complete checkpoint; pass "
                              f"a checkpoint (checkpoints/global_step_N) or an HF model directory")
         return str(Path(latest) / "model")
+    if (path / "config.json").is_file():
+        return model
     raise ValueError(f"{path} is neither an HF model directory (config.json), a checkpoint "
                      f"(model/config.json) nor a training run directory (checkpoints/)")
 

@@ -174,6 +174,7 @@ def test_tiny_model_from_a_checkpoint_end_to_end(tiny, synth_world, retriever_se
 
     model, tok = tiny
     CheckpointManager(tmp_path / "train_run" / "checkpoints").save(3, model, tok)
+    (tmp_path / "train_run" / "config.json").write_text('{"trainer": {}}')  # the trainer writes its config here
     data = str(synth_world / "test.parquet")
     common = ["--data", data, "--retriever-url", retriever_server.base_url, *TINY_FLAGS]
     assert main(["--model", "tiny-random-qwen3", "--out", str(tmp_path / "alias"), *common]) == 0
