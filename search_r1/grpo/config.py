@@ -35,7 +35,9 @@ def _default_device() -> str:
 class SearchR1Config:
     # --- generation backend -----------------------------------------------------------------------
     # Generate through an OpenAI-compatible /v1/completions server (vLLM, SGLang, llama.cpp) instead
-    # of local weights; no policy update is possible then.
+    # of local weights; no policy update is possible then. Prompts are sent as token ids of
+    # model_name_or_path's tokenizer, so the server must serve that tokenizer's model; chat-only
+    # endpoints (api.openai.com's gpt-4o-mini has no /v1/completions) are not supported.
     use_openai: bool = False
     # API key of that server; empty = env OPENAI_API_KEY (or no key).
     openai_api_key: str = ""

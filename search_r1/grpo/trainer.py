@@ -382,7 +382,8 @@ class GRPOTrainer:
                 sums[key] += step[key]
         if str(cfg.device).startswith("cuda"):
             torch.cuda.empty_cache()
-        metrics.update({key: value / cfg.update_times for key, value in sums.items()})
+        # + 0.0 turns the -0.0 of an all-zero-advantage batch into 0.0 for display
+        metrics.update({key: value / cfg.update_times + 0.0 for key, value in sums.items()})
         return metrics
 
     def _policy_step(self, usable: list[Trajectory], old: list[torch.Tensor], tokens: float, mb: int) -> dict:
