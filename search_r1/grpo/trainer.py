@@ -134,7 +134,10 @@ class GRPOTrainer:
             self.model.eval()
             self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
                                                lr=cfg.learning_rate)
-            self.generator = HFGenerator(self.model, self.tokenizer, batch_size=cfg.generation_batch_size)
+            # "processed": log-probs of the distribution actually sampled from (logits / temperature,
+            # top-k, top-p), the policy `_forward_logprobs` scores too, so the update is on-policy.
+            self.generator = HFGenerator(self.model, self.tokenizer, batch_size=cfg.generation_batch_size,
+                                         logprobs_mode="processed")
             self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.search_engine = search_engine if search_engine is not None else build_search_engine(cfg)
         self.manager = LLMGenerationManager(self.tokenizer, self.generator, self._generation_config(cfg.max_tokens, None),
@@ -282,7 +285,12 @@ class GRPOTrainer:
         Layout: each sequence is split where its first generated token starts; the prompt parts are
         left-padded to P, the response parts right-padded to R, so the logits of the last R + 1
         columns (`logits_to_keep`) cover every generated token. Position ids skip the left padding.
+        The policy is the sampling distribution: logits / temperature, then top-k / top-p
+        (`backends.filtered_logits`, as HFGenerator samples); temperature 0 (greedy) scores raw logits.
         """
+        from search_r1.rollout.backends import filtered_logits
+
+        cfg = self.config
         device = next(self.model.parameters()).device
         rows, out = [], [None] * len(trajectories)
         for i, t in enumerate(trajectories):
@@ -309,6 +317,8 @@ class GRPOTrainer:
             for r, (i, s, pos) in enumerate(rows):
                 k = torch.as_tensor(pos, device=device) - s  # (n_i,) response-relative columns
                 z = logits[r, k].float()  # (n_i, V)
+                if cfg.temperature > 0:
+                    z = filtered_logits(z, cfg.temperature, cfg.top_p, cfg.top_k)  # sampled tokens stay finite
                 target = ids[r, P + k]  # (n_i,)
                 out[i] = z.gather(-1, target[:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
         return out

@@ -25,8 +25,11 @@ def _check_layout(t: Trajectory, trainer: GRPOTrainer) -> None:
     assert t.generated_text == trainer.tokenizer.decode(t.full_input_ids[len(prompt):], skip_special_tokens=False)
 
 
-def test_rollout_searches_inserts_information_and_logprobs_match_recompute(scripted_trainer):
-    trainer = scripted_trainer()
+@pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, -1), (0.7, 0.95, 50)])
+def test_rollout_searches_inserts_information_and_logprobs_match_recompute(scripted_trainer, temperature, top_p,
+                                                                           top_k):
+    # log-probs are of the sampling distribution (logits / T, top-k, top-p) in both passes
+    trainer = scripted_trainer(tiny_config(temperature=temperature, top_p=top_p, top_k=top_k))
     trajectories = trainer.rollout([q for q in QUERIES for _ in range(2)])
     for t in trajectories:
         _check_layout(t, trainer)
