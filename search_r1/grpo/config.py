@@ -126,6 +126,8 @@ class SearchR1Config:
     def __post_init__(self):
         if not self.openai_api_key:
             self.openai_api_key = os.environ.get(OPENAI_KEY_ENV, "")
+        if not isinstance(self.device, str):
+            raise ValueError(f"SearchR1Config.device must be a string like 'cpu' or 'cuda:0', got {self.device!r}")
         _choice("device", self.device.split(":")[0], ("cpu", "cuda", "mps", "xpu"))
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"SearchR1Config.device={self.device!r} but CUDA is not available; set device='cpu'")

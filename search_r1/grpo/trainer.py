@@ -13,7 +13,8 @@ Nothing here is a second implementation of the rollout or the math: a step is
      (population std, eps 1e-8);
   4. update: `update_times` AdamW steps on `ppo_clip_loss(exp(new - old), A)` + beta * `k3_kl`,
      token mean over generated tokens (inserted information is context only), log-probs from one
-     teacher-forced forward pass per micro-batch.
+     teacher-forced forward pass per micro-batch. Every log-prob (sampling, recomputed, updated)
+     is of the distribution sampled from: logits / temperature, top-k / top-p filtered.
 The KL term anchors the policy to the one that sampled the batch (old log-probs), not to a frozen
 reference model: this API keeps one copy of the weights.
 """

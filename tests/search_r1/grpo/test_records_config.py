@@ -79,7 +79,8 @@ def test_config_defaults_are_the_spec():
     ({"beta": -0.1}, "beta must be a number >= 0"),
     ({"top_p": 1.5}, "top_p"),
     ({"search_backend": "bing"}, r"search_backend='bing' is invalid; choose one of \['retriever', 'web', 'synthetic'\]"),
-    ({"device": "tpu"}, "device"),
+    ({"device": "tpu"}, r"device='tpu' is invalid; choose one of"),
+    ({"device": 0}, "device must be a string"),
     ({"save_interval": 5}, "needs output_dir"),
     ({"max_tokens": 0}, "max_tokens must be an int >= 1"),
 ])
