@@ -124,7 +124,8 @@ class SearchR1Trainer(PPOTrainerSync):
         if not keys:
             return
         data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-        stats = [ef.get(MODE_NAME) for ef in data["extra_fields"].tolist() if isinstance(ef, dict)]
+        # pop, as verl's _validate does: indexing a non-tensor stack gives a LinkedList (no .tolist()).
+        stats = [ef.get(MODE_NAME) for ef in data.pop("extra_fields").tolist() if isinstance(ef, dict)]
         metrics.update(search_metrics([s for s in stats if s]))
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
