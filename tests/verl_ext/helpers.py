@@ -87,8 +87,10 @@ class ScriptedLLMClient(LLMServerClient):
     def __init__(self, config, server: FakeVLLMServer):
         super().__init__(config, load_balancer_handle=None)
         self.server = server
+        self.acquired: list[str] = []  # the request ids the load balancer would route by
 
     async def _acquire_server(self, request_id: str, **extra):
+        self.acquired.append(request_id)
         return "fake-0", _Handle(self.server)
 
     def _release_server(self, server_id: str, request_id: str | None = None) -> None:
