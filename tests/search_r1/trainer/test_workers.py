@@ -123,6 +123,8 @@ def test_dp2_equals_dp1_and_replicas_stay_identical(ray_session):
                                    batch.batch["old_log_probs"], atol=1e-6, rtol=0)
         adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.25])
         batch.batch["advantages"] = adv[:, None] * batch.batch["response_mask"]
+        # a sampler off by a known amount: the mismatch maxima and sums must combine across ranks
+        batch.batch["rollout_log_probs"] = batch.batch["old_log_probs"] - 0.01 * torch.arange(8.0)[:, None]
         metrics = []
         for group in (g1, g2):
             for _ in range(2):  # two steps, two mini-batches each
@@ -135,6 +137,10 @@ def test_dp2_equals_dp1_and_replicas_stay_identical(ray_session):
         assert actor[0] == actor[1]  # every rank reports the same all-reduced metrics
         for k in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
             assert m2[0][k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
+        for k in ("training/rollout_log_probs_diff_mean", "training/rollout_log_probs_diff_max",
+                  "rollout_corr/rollout_is_seq_max"):
+            assert m2[0][k] == pytest.approx(m1[k], rel=1e-6), k
+        assert m1["training/rollout_log_probs_diff_max"] == pytest.approx(0.07, abs=1e-6)  # row 7: 7 * 0.01 (float32)
         d0, d1 = g2.weights_digest()
         assert d0 == d1  # replicas bit-identical after every update
         w1 = g1.state_dict_copy()[0]
