@@ -42,8 +42,8 @@ class CoalescingSearch:
             milliseconds cost nothing beside a generation turn and turn 64 round trips into one.
         max_batch: a batch is sent as soon as this many queries wait (>= 1).
 
-    One instance belongs to one event loop (the agent-loop worker's); `shared` hands out one per
-    (loop, key).
+    One instance belongs to one event loop (the agent-loop worker's); verl_ext.agent_loop.shared_search
+    hands out one per (event loop, retriever settings).
     """
 
     def __init__(self, engine: SearchEngine, window_s: float = 0.01, max_batch: int = 64):
