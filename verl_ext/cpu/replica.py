@@ -101,6 +101,9 @@ class HFServerAdapter(BaseRollout):
         if wire_format != "named_tensors":
             raise ValueError(f"rollout.name=hf takes full weights (wire_format='named_tensors'), got "
                              f"{wire_format!r}; set rollout.checkpoint_engine.backend=naive")
+        if kwargs.get("peft_config") is not None:
+            raise ValueError("rollout.name=hf loads merged weights only, not LoRA adapters; set "
+                             "actor_rollout_ref.model.lora.merge=true")
         server = self._server_handle()
         named = {}
         for name, tensor in weights:  # every rank drains: full_tensor() inside is a collective

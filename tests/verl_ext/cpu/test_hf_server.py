@@ -131,3 +131,50 @@ def test_lifecycle_calls_verl_makes_are_answered(server):
     aborted, stats = asyncio.run(calls())
     assert aborted == {"aborted_count": 0, "request_ids": []}
     assert stats["global_steps"] == 5 and stats["awake"] is True
+
+
+def test_replica_refuses_modes_it_does_not_implement(configs):
+    """HFReplica serves the hybrid (colocated sync) mode with one process per replica; others fail
+    with the reason before any Ray call."""
+    from omegaconf import OmegaConf
+
+    from verl.workers.rollout.replica import RolloutMode
+    from verl_ext.cpu.replica import HFReplica
+
+    rollout, model = configs
+    replica = HFReplica(replica_rank=0, config=rollout, model_config=model, gpus_per_node=1)
+    replica.rollout_mode = RolloutMode.STANDALONE
+    with pytest.raises(ValueError, match="hybrid"):
+        asyncio.run(replica.launch_servers())
+    wide = OmegaConf.merge(rollout, {"tensor_model_parallel_size": 2})
+    replica = HFReplica(replica_rank=0, config=wide, model_config=model, gpus_per_node=2)
+    replica.rollout_mode = RolloutMode.HYBRID
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=1"):
+        asyncio.run(replica.launch_servers())
+
+
+def test_adapter_drains_weights_on_ranks_without_a_server_and_refuses_lora(configs, monkeypatch):
+    """verl's FSDP weight generator runs a collective per tensor: every rank must consume all of it,
+    also the ranks that hold no server (rollout rank > 0 of a replica)."""
+    from omegaconf import OmegaConf
+
+    from verl_ext.cpu.replica import HFServerAdapter
+
+    rollout, model = configs
+    monkeypatch.setenv("RANK", "1")
+    adapter = HFServerAdapter(OmegaConf.merge(rollout, {"tensor_model_parallel_size": 2}), model, None)
+    assert (adapter.replica_rank, adapter.rollout_rank) == (0, 1)
+    consumed = []
+
+    def weights():
+        for i in range(3):
+            consumed.append(i)
+            yield f"w{i}", torch.zeros(2)
+
+    asyncio.run(adapter.update_weights(weights(), global_steps=1))
+    assert consumed == [0, 1, 2]
+    asyncio.run(adapter.resume(["weights"]))  # no server on this rank: a no-op, no Ray lookup
+    with pytest.raises(ValueError, match="lora.merge"):
+        asyncio.run(adapter.update_weights(weights(), peft_config={"r": 8}))
+    with pytest.raises(ValueError, match="named_tensors"):
+        asyncio.run(adapter.update_weights(weights(), wire_format="delta_flush"))

@@ -46,8 +46,11 @@ def number(text: str) -> float:
     return float(re.sub(r"^np\.\w+\((.*)\)$", r"\1", text))
 
 
-class PeakRSS:
-    """Peak summed RSS (GB) of a process and all its descendants (driver, Ray, every worker)."""
+class PeakPSS:
+    """Peak summed PSS (GB) of a process and all its descendants (driver, Ray, every worker).
+
+    PSS splits shared pages (torch libraries, Ray's object store) among the processes mapping them,
+    so the sum is the memory the run really holds; summed RSS would count them once per process."""
 
     def __init__(self, pid: int):
         import psutil
@@ -62,10 +65,10 @@ class PeakRSS:
         while not self._stop.is_set():
             try:
                 procs = [self.root] + self.root.children(recursive=True)
-                self.peak = max(self.peak, sum(p.memory_info().rss for p in procs if p.is_running()))
+                self.peak = max(self.peak, sum(p.memory_full_info().pss for p in procs if p.is_running()))
             except psutil.Error:
                 pass
-            time.sleep(1.0)
+            time.sleep(2.0)
 
     def stop(self) -> float:
         self._stop.set()
@@ -82,7 +85,7 @@ def run_trainer(overrides: list[str], log_path: Path, timeout: float) -> tuple[i
     start = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        mem = PeakRSS(proc.pid)
+        mem = PeakPSS(proc.pid)
         try:
             rc = proc.wait(timeout=timeout)
         finally:
@@ -103,7 +106,7 @@ def test_verl_trainer_three_steps_with_search_then_resume(synth_world, retriever
         f"trainer.default_local_dir={ckpt}",
     ]
     rc, log, seconds, peak = run_trainer(common, tmp_path / "run1.log", timeout=540)
-    print(f"\n[verl cpu e2e] 3 steps: {seconds:.0f} s, peak RSS {peak:.2f} GB")
+    print(f"\n[verl cpu e2e] 3 steps: {seconds:.0f} s, peak PSS {peak:.2f} GB")
     assert rc == 0, log[-6000:]
     steps = parse_steps(log)
     assert set(steps) >= {0, 1, 2, 3}, sorted(steps)
