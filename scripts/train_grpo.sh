@@ -64,6 +64,8 @@ elif [[ -z "$config_name" && "$n_gpus" -gt 0 ]]; then
 fi
 
 if [[ "$verl" == "1" ]]; then
+  # *_cpu configs run verl's trainer on verl_ext/cpu's platform; verl resolves it at import time.
+  if [[ "$config_name" == *_cpu ]]; then export VERL_PLATFORM="${VERL_PLATFORM:-cpu}"; fi
   if [[ "$n_gpus" -gt 0 && "$has_gpus_key" == "0" && "$config_name" != *_cpu ]]; then
     args+=("trainer.n_gpus_per_node=$n_gpus")
     echo "[train_grpo] $n_gpus GPU(s) visible: verl's trainer with trainer.n_gpus_per_node=$n_gpus" >&2
