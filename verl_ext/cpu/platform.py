@@ -21,7 +21,6 @@ What verl asks of a platform and why the answers are these:
 from __future__ import annotations
 
 import os
-import sys
 import types
 from contextlib import contextmanager
 from typing import Any, Optional
@@ -77,7 +76,6 @@ def _build_device_module() -> types.ModuleType:
 
 
 CPU_DEVICE_MODULE = _build_device_module()
-sys.modules.setdefault(CPU_DEVICE_MODULE.__name__, CPU_DEVICE_MODULE)
 
 
 class PlatformCPU(PlatformBase):

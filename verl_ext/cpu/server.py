@@ -30,8 +30,8 @@ from typing import Any, Optional
 
 logger = logging.getLogger(__name__)
 
-# Sampling keys the server understands, and for the ones it only accepts at one value, that value.
-_IGNORED_AT = {
+# Sampling keys the server accepts at one value only (the behaviour HFGenerator implements).
+_ONLY_AT = {
     "repetition_penalty": 1.0,
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
@@ -82,7 +82,7 @@ def to_sampling_params(sampling_params: dict[str, Any], prompt_len: int, prompt_
         stop=tuple(stop),
         seed=params.pop("seed", None),
     )
-    for key, accepted in _IGNORED_AT.items():
+    for key, accepted in _ONLY_AT.items():
         if key in params and params.pop(key) not in (accepted, None):
             raise ValueError(f"HF rollout server: sampling_params[{key!r}] must be {accepted!r} (the only "
                              "value it implements); use rollout.name=vllm for other values")
@@ -90,7 +90,7 @@ def to_sampling_params(sampling_params: dict[str, Any], prompt_len: int, prompt_
         params.pop(key, None)
     if params:
         raise ValueError(f"HF rollout server: unsupported sampling_params keys {sorted(params)}; supported: "
-                         f"max_tokens, temperature, top_p, top_k, stop, seed, logprobs, {sorted(_IGNORED_AT)}")
+                         f"max_tokens, temperature, top_p, top_k, stop, seed, logprobs, {sorted(_ONLY_AT)}")
     return out, want_logprobs
 
 
@@ -124,7 +124,7 @@ class HFRolloutServer:
         mode = self.config.logprobs_mode or "raw_logprobs"
         if mode not in LOGPROBS_MODES:
             raise ValueError(f"rollout.logprobs_mode={mode!r}: the HF server implements {sorted(LOGPROBS_MODES)}")
-        torch.set_num_threads(1)  # one core per process on the shared CPU; see verl_ext/cpu/README text
+        torch.set_num_threads(1)  # one thread per process: a CPU run has ~10 processes on few cores
         path = self.model_config.local_path
         self.tokenizer = load_tokenizer(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)

@@ -36,6 +36,7 @@ def register_cpu_engines() -> None:
     from verl.workers.engine.fsdp import transformer_impl
 
     for model_type, class_name in _FSDP_ENGINES.items():
+        # EngineRegistry.register asserts on duplicates and has no lookup by key; read its table.
         registry = EngineRegistry._engines.get(model_type, {})
         missing = [b for b in ("fsdp", "fsdp2") if "cpu" not in registry.get(b, {})]
         if missing:
