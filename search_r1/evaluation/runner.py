@@ -141,6 +141,7 @@ def resolve_model_dir(model: str) -> str:
 def load_examples(cfg: EvalConfig, tokenizer) -> list[Example]:
     """Every row of every data file (prompts longer than max_start_length dropped with a warning)."""
     import pandas as pd
+    import pyarrow.parquet as pq
 
     from search_r1.data.dataset import PromptDataset
 
@@ -149,8 +150,8 @@ def load_examples(cfg: EvalConfig, tokenizer) -> list[Example]:
     seen: set[str] = set()
     for i, path in enumerate(cfg.data):
         ds = PromptDataset([path], tokenizer, cfg.max_start_length, protocol=protocol, on_overlong="skip")
-        columns = pd.read_parquet(path, columns=None).columns
-        ids = pd.read_parquet(path, columns=["id"])["id"].astype(str).tolist() if "id" in columns else None
+        has_id = "id" in pq.read_schema(path).names
+        ids = pd.read_parquet(path, columns=["id"])["id"].astype(str).tolist() if has_id else None
         for rec in ds.records:
             row = int(rec.uid.rsplit(":", 1)[1])
             qid = ids[row] if ids is not None else f"{Path(path).stem}:{row}"
