@@ -75,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="longest response (generated + observation tokens, all turns)")
     p.add_argument("--max-obs-length", type=int, default=d["max_obs_length"].default,
                    help="longest search observation (and RAG context) in tokens")
-    p.add_argument("--max-tokens-per-turn", type=int, help="generation cap per round (default: response budget)")
+    p.add_argument("--max-tokens-per-turn", type=int, help="generation cap per round (default: response budget); --no-search and --rag "
+                        "answer in one round of this cap times (max-turns + 1) tokens, the search mode's total")
     p.add_argument("--dtype", default=d["dtype"].default, choices=["float32", "bfloat16"], help="local model dtype")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--overwrite", action="store_true", help="discard earlier predictions in --out instead of resuming")

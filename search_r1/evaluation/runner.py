@@ -50,7 +50,8 @@ class EvalConfig:
     limit / limit_per_source: evaluate the first N questions (overall / per data_source) of a
         seeded shuffle (seed); None = all.
     batch_size: questions per run_llm_loop call. protocol: tags | tool_call | auto (from the prompt).
-    The remaining numbers are the rollout's GenerationConfig (upstream Search-R1's defaults).
+    The remaining numbers are the rollout's GenerationConfig (upstream Search-R1's defaults); the
+    no_search and rag modes generate one round of max_tokens_per_turn * (max_turns + 1) tokens.
     """
 
     model: str
@@ -378,12 +379,17 @@ def evaluate(cfg: EvalConfig, generator=None, tokenizer=None, search_engine=None
                 stack.callback(generator.close)
         examples = select_examples(load_examples(cfg, tokenizer), cfg.limit, cfg.limit_per_source, cfg.seed)
         protocol = detect_protocol(tokenizer, examples) if cfg.protocol == "auto" else cfg.protocol
+        per_turn = cfg.max_tokens_per_turn
+        if cfg.mode != "search" and per_turn is not None:
+            # The baselines answer in one round: give it the generation budget of all the search
+            # mode's rounds, so a model that reasons at length is not cut short by the mode alone.
+            per_turn *= cfg.max_turns + 1
         gen_cfg = GenerationConfig(
             max_turns=cfg.max_turns if cfg.mode == "search" else 0, max_start_length=cfg.max_start_length,
             max_prompt_length=cfg.max_prompt_length, max_response_length=cfg.max_response_length,
             max_obs_length=cfg.max_obs_length, topk=cfg.topk,
             protocol=protocol if cfg.mode == "search" else "tags",
-            max_tokens_per_turn=cfg.max_tokens_per_turn, seed=cfg.seed)
+            max_tokens_per_turn=per_turn, seed=cfg.seed)
         manager = LLMGenerationManager(tokenizer, generator, gen_cfg,
                                        engine if cfg.mode == "search" else NullSearchEngine(),
                                        is_validation=True)

@@ -35,6 +35,7 @@ class Oracle:
 
     def generate(self, prompts, params):
         self.calls += 1
+        self.max_tokens = params.max_tokens
         outs = []
         for ctx in prompts:
             text = self.tok.decode(ctx)
@@ -119,9 +120,10 @@ def test_resume_skips_done_questions(qa_file, tmp_path, retriever_server):
 def test_no_search_baseline(qa_file, tmp_path):
     tok = smollm2_tokenizer()
     oracle = Oracle(tok)
-    res = evaluate(_cfg(qa_file, tmp_path / "ns", mode="no_search"), oracle, tok)
+    res = evaluate(_cfg(qa_file, tmp_path / "ns", mode="no_search", max_tokens_per_turn=30), oracle, tok)
     # one round per question, the direct-answer prompt, no search possible: n1's search ends it unanswered
     assert len(oracle.contexts) == 5
+    assert oracle.max_tokens == 30 * 3  # the one round gets the budget of the search mode's 2 + 1 rounds
     assert all("directly, without searching" in c and "<information>" not in c for c in oracle.contexts)
     preds = _predictions(tmp_path / "ns")
     assert preds["nq:n1"]["answered"] == 0.0 and preds["nq:n1"]["searches"] == 0
