@@ -44,7 +44,7 @@ class HFReplica(RolloutReplica):
 
         if self.rollout_mode != RolloutMode.HYBRID:
             raise ValueError(f"rollout.name=hf supports the hybrid (colocated sync) mode only, got "
-                             f"{self.rollout_mode}; use trainer.v1.trainer_mode=sync-style trainers")
+                             f"{self.rollout_mode}; use a colocated sync trainer mode (trainer.v1.trainer_mode=sync or search_r1)")
         if self.world_size != 1:
             raise ValueError(f"rollout.name=hf serves one process per replica; set "
                              f"actor_rollout_ref.rollout.tensor_model_parallel_size=1 (and data/pipeline "
