@@ -21,8 +21,10 @@
 # more than the run-to-run spread of the after-GRPO runs. Step 5 prints whether it was met.
 #
 # Resources: 2 CPU cores, < 8 GB RAM, no GPU, no network. Budget: at most 90 minutes with the
-# defaults (estimate, not yet measured end to end: warm-start ~1 min, GRPO ~40 s/step x 30 steps x 2
-# seeds, evaluation ~1 s per question per search run on 2 idle cores, half that for the baselines).
+# defaults; an estimate, not yet measured end to end: warm-start ~1 min, GRPO ~40 s/step x 30 steps
+# x 2 seeds ~ 40 min, evaluation 5 runs x 435 questions at ~1-1.5 s each ~ 35-50 min (measured with
+# the warm-started SmolLM2 on 96 questions, 1 thread, a shared machine: no-search 0.97 s, RAG 1.5 s
+# per question). If it runs long, EXP_EVAL_LIMIT=300 or EXP_STEPS=20 shorten it.
 # Environment knobs: EXP_OUT (default outputs/experiment_cpu), EXP_SEEDS ("0 1"), EXP_STEPS (30),
 # EXP_EVAL_LIMIT (0 = all test questions), EXP_EVAL_BATCH (32), EXP_EVAL_DTYPE (float32: bf16 measured slower for SmolLM2 generation on this CPU),
 # EXP_THREADS (2, torch threads of the evaluation), PYTHON.
