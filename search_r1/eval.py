@@ -24,7 +24,7 @@ from pathlib import Path
 
 from retriever_server.launcher import ServerStartError
 from search_r1.evaluation.metrics import METRICS, compare_table, markdown_table
-from search_r1.evaluation.runner import EvalConfig, evaluate
+from search_r1.evaluation.runner import ROLLOUT_FROM_CHECKPOINT, EvalConfig, checkpoint_rollout_settings, evaluate
 from search_r1.rollout.backends import GenerationError
 from search_r1.search.base import SearchError
 
@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Greedy evaluation of a model (HF dir, checkpoint, alias, or an OpenAI-compatible "
                     "server) on Search-R1 parquet files, with search, without search, or with one "
                     "retrieval (RAG). Prints EM / sub-EM / F1 / format / turns / searches per data_source.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="model alias (smollm2-135m-instruct, tiny-random-qwen3), an HF directory, a "
                    "checkpoint dir (checkpoints/global_step_N), a training run dir (its latest checkpoint), or "
                    "with --base-url the model name the server serves")
@@ -53,38 +53,44 @@ def _parser() -> argparse.ArgumentParser:
                    help="a running retriever (http://HOST:PORT or .../retrieve); repeat for fail-over")
     p.add_argument("--retriever-index", metavar="DIR",
                    help="an index directory (python -m retriever_server build) to serve for this run")
-    p.add_argument("--topk", type=int, default=d["topk"].default, help="passages per search")
     p.add_argument("--base-url", help="OpenAI-compatible server (e.g. `vllm serve`), http://HOST:PORT[/v1]")
     p.add_argument("--tokenizer", help="tokenizer for --base-url (alias or HF dir); default: --model")
     p.add_argument("--api-key-env", default=d["api_key_env"].default,
-                   help="environment variable holding the server's API key (keys never go on the command line)")
+                   help="environment variable holding the server's API key; keys never go on the command line "
+                        f"(default: {d['api_key_env'].default})")
     p.add_argument("--name", help="run name in tables (default: the --out directory name)")
     p.add_argument("--limit", type=int, help="evaluate N questions: the first N of a seeded shuffle")
     p.add_argument("--limit-per-source", type=int, help="at most N questions per data_source (seeded)")
-    p.add_argument("--seed", type=int, default=d["seed"].default, help="seed of the --limit sample")
-    p.add_argument("--batch-size", type=int, default=d["batch_size"].default, help="questions per rollout batch")
-    p.add_argument("--protocol", default="auto", choices=["auto", "tags", "tool_call"],
-                   help="action protocol; auto = tool_call if the prompt asks for <tool_call>, else tags")
-    p.add_argument("--max-turns", type=int, default=d["max_turns"].default,
-                   help="rounds in which a search is allowed (one more without search follows)")
-    p.add_argument("--max-start-length", type=int, default=d["max_start_length"].default,
-                   help="longest prompt in tokens; longer ones are dropped with a warning")
-    p.add_argument("--max-prompt-length", type=int, default=d["max_prompt_length"].default,
-                   help="longest rolling context (prompt + response)")
-    p.add_argument("--max-response-length", type=int, default=d["max_response_length"].default,
-                   help="longest response (generated + observation tokens, all turns)")
-    p.add_argument("--max-obs-length", type=int, default=d["max_obs_length"].default,
-                   help="longest search observation (and RAG context) in tokens")
-    p.add_argument("--max-tokens-per-turn", type=int, help="generation cap per round (default: response budget); --no-search and --rag "
-                        "answer in one round of this cap times (max-turns + 1) tokens, the search mode's total")
-    p.add_argument("--dtype", default=d["dtype"].default, choices=["float32", "bfloat16"], help="local model dtype")
+    p.add_argument("--seed", type=int, default=d["seed"].default, help=f"seed of the --limit sample (default: {d['seed'].default})")
+    p.add_argument("--batch-size", type=int, default=d["batch_size"].default, help=f"questions per rollout batch (default: {d['batch_size'].default})")
+    # Rollout limits: default None, so that unset ones can come from a checkpoint's training config.
+    lim = p.add_argument_group(
+        "rollout limits", "Unset limits come from the training config when --model is one of our checkpoints "
+        "or training runs (they are evaluated with the limits they were trained under), else from the "
+        "defaults shown (upstream Search-R1's).")
+
+    def limit(flag: str, text: str, **kw):
+        field = flag[2:].replace("-", "_")
+        lim.add_argument(flag, default=None, help=f"{text} (default: {d[field].default})", **kw)
+
+    limit("--topk", "passages per search", type=int)
+    limit("--protocol", "action protocol; auto = tool_call if the prompt asks for <tool_call>, else tags",
+          choices=["auto", "tags", "tool_call"])
+    limit("--max-turns", "rounds in which a search is allowed (one more without search follows)", type=int)
+    limit("--max-start-length", "longest prompt in tokens; longer ones are dropped with a warning", type=int)
+    limit("--max-prompt-length", "longest rolling context (prompt + response)", type=int)
+    limit("--max-response-length", "longest response (generated + observation tokens, all turns)", type=int)
+    limit("--max-obs-length", "longest search observation (and RAG context) in tokens", type=int)
+    limit("--max-tokens-per-turn", "generation cap per round (None: the response budget); --no-search and --rag "
+          "answer in one round of this cap times (max-turns + 1), the search mode's total", type=int)
+    p.add_argument("--dtype", default=d["dtype"].default, choices=["float32", "bfloat16"], help=f"local model dtype (default: {d['dtype'].default})")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--overwrite", action="store_true", help="discard earlier predictions in --out instead of resuming")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--compare", nargs="+", metavar="RESULTS.json",
                    help="print earlier runs' results side by side and exit (no evaluation)")
     p.add_argument("--metrics", default="em,f1",
-                   help=f"metrics of the --compare table, comma-separated from {[m for m, _ in METRICS]}")
+                   help=f"metrics of the --compare table, comma-separated from {[m for m, _ in METRICS]} (default: em,f1)")
     return p
 
 
@@ -113,16 +119,19 @@ def main(argv=None) -> int:
         if missing:
             print(f"error: {', '.join(missing)} required (or --compare RESULTS.json ...)", file=sys.stderr)
             return 2
+        rollout = {k: getattr(args, k) for k in ROLLOUT_FROM_CHECKPOINT}
+        explicit = {k: v for k, v in rollout.items() if v is not None}
+        inherited = {k: v for k, v in checkpoint_rollout_settings(args.model).items() if k not in explicit}
+        if inherited and not args.base_url:
+            print(f"rollout limits from the checkpoint's training config: {inherited}", file=sys.stderr)
+            explicit.update(inherited)
         cfg = EvalConfig(
-            model=args.model, data=tuple(args.data), out=args.out,
+            model=args.model, data=tuple(args.data), out=args.out, **explicit,
             mode="no_search" if args.no_search else "rag" if args.rag else "search",
             retriever_urls=tuple(args.retriever_url), retriever_index=args.retriever_index,
             base_url=args.base_url, tokenizer=args.tokenizer, api_key_env=args.api_key_env, name=args.name,
             limit=args.limit, limit_per_source=args.limit_per_source, seed=args.seed,
-            batch_size=args.batch_size, protocol=args.protocol, topk=args.topk, max_turns=args.max_turns,
-            max_start_length=args.max_start_length, max_prompt_length=args.max_prompt_length,
-            max_response_length=args.max_response_length, max_obs_length=args.max_obs_length,
-            max_tokens_per_turn=args.max_tokens_per_turn, dtype=args.dtype, threads=args.threads,
+            batch_size=args.batch_size, dtype=args.dtype, threads=args.threads,
             overwrite=args.overwrite, progress=not args.no_progress)
         results = evaluate(cfg)
     except (ValueError, FileNotFoundError, GenerationError, SearchError, ServerStartError) as exc:

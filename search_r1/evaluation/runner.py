@@ -139,6 +139,39 @@ def resolve_model_dir(model: str) -> str:
                      f"(model/config.json) nor a training run directory (checkpoints/)")
 
 
+# EvalConfig field -> (section, key) of the trainer config a checkpoint records.
+ROLLOUT_FROM_CHECKPOINT = {
+    "max_turns": ("rollout", "max_turns"), "max_start_length": ("rollout", "max_start_length"),
+    "max_prompt_length": ("rollout", "max_prompt_length"), "max_response_length": ("rollout", "max_response_length"),
+    "max_obs_length": ("rollout", "max_obs_length"), "max_tokens_per_turn": ("rollout", "max_tokens_per_turn"),
+    "topk": ("retriever", "topk"), "protocol": ("data", "protocol"),
+}
+
+
+def checkpoint_rollout_settings(model: str) -> dict:
+    """The rollout limits a checkpoint of ours was trained with (EvalConfig field names), or {}.
+
+    Read from `trainer_state.json` next to the checkpoint's `model/` directory (the trainer stores
+    its whole config there), so a checkpoint is evaluated with the limits it learned under.
+    """
+    try:
+        model_dir = Path(resolve_model_dir(model))
+    except ValueError:
+        return {}
+    state = model_dir.parent / "trainer_state.json"
+    if model_dir.name != "model" or not state.is_file():
+        return {}
+    config = json.loads(state.read_text()).get("extra_state", {}).get("config")
+    if not isinstance(config, dict):
+        return {}
+    out = {}
+    for field_name, (section, key) in ROLLOUT_FROM_CHECKPOINT.items():
+        value = (config.get(section) or {}).get(key)
+        if value is not None:
+            out[field_name] = value
+    return out
+
+
 def load_examples(cfg: EvalConfig, tokenizer) -> list[Example]:
     """Every row of every data file (prompts longer than max_start_length dropped with a warning)."""
     import pandas as pd

@@ -175,12 +175,22 @@ def test_tiny_model_from_a_checkpoint_end_to_end(tiny, synth_world, retriever_se
     from search_r1.trainer.checkpoint import CheckpointManager
 
     model, tok = tiny
-    CheckpointManager(tmp_path / "train_run" / "checkpoints").save(3, model, tok)
+    rollout = {"max_turns": 1, "max_start_length": 300, "max_prompt_length": 700, "max_response_length": 80,
+               "max_obs_length": 40, "max_tokens_per_turn": 12}
+    CheckpointManager(tmp_path / "train_run" / "checkpoints").save(
+        3, model, tok, extra_state={"config": {"rollout": rollout, "retriever": {"topk": 2},
+                                               "data": {"protocol": "tags"}}})
     (tmp_path / "train_run" / "config.json").write_text('{"trainer": {}}')  # the trainer writes its config here
     data = str(synth_world / "test.parquet")
     common = ["--data", data, "--retriever-url", retriever_server.base_url, *TINY_FLAGS]
     assert main(["--model", "tiny-random-qwen3", "--out", str(tmp_path / "alias"), *common]) == 0
     assert main(["--model", str(tmp_path / "train_run"), "--out", str(tmp_path / "ckpt"), *common]) == 0
+    # unset rollout limits come from the checkpoint's training config, set ones from the flags
+    assert main(["--model", str(tmp_path / "train_run"), "--out", str(tmp_path / "inherit"), "--data", data,
+                 "--retriever-url", retriever_server.base_url, "--limit", "1", "--max-obs-length", "30",
+                 "--no-progress"]) == 0
+    used = json.loads((tmp_path / "inherit" / "results.json").read_text())["config"]
+    assert {k: used[k] for k in rollout} == {**rollout, "max_obs_length": 30} and used["topk"] == 2
     printed = capsys.readouterr().out
     assert "| data_source | n | EM | sub-EM | F1 | format | turns | searches |" in printed
     a, b = _predictions(tmp_path / "alias"), _predictions(tmp_path / "ckpt")
