@@ -13,7 +13,9 @@
 """
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +103,21 @@ def start_retriever(tmp_path):
     yield start
     for handle in handles:
         handle.stop()
+
+
+def dead_url() -> str:
+    """A loopback retriever URL nobody listens on (a port bound, then released): connection refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/retrieve"
+
+
+def corpus_titles(path, n: int) -> list[str]:
+    """The first n distinct titles of a wiki-18 style corpus (an entity has several passages)."""
+    titles = {}
+    with open(path) as f:
+        for line in f:
+            titles[json.loads(line)["contents"].split("\n", 1)[0].strip('"')] = None
+            if len(titles) == n:
+                break
+    return list(titles)

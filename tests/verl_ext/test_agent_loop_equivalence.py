@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from search_r1.rollout.generation import LLMGenerationManager
 from search_r1.search import RetrieverClient
 from verl_ext.agent_loop import SearchR1Settings
 
+from tests._fixtures.retriever import corpus_titles, dead_url
 from tests.search_r1.rollout.scripted import ScriptedGenerator, smollm2_tokenizer
 from tests.search_r1.rollout.test_generation import make_batch
 from tests.verl_ext.helpers import FakeVLLMServer, ScriptedLLMClient, verl_config
@@ -40,22 +40,6 @@ def search(query: str, protocol: str) -> str:
 
 def answer(text: str) -> str:
     return f"<think>Done.</think>\n<answer> {text} </answer>"
-
-
-def dead_url() -> str:
-    with socket.socket() as s:  # a port nobody listens on: connection refused
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}/retrieve"
-
-
-def corpus_titles(path, n):
-    titles = {}
-    with open(path) as f:
-        for line in f:
-            titles[json.loads(line)["contents"].split("\n", 1)[0].strip('"')] = None
-            if len(titles) == n:
-                break
-    return list(titles)
 
 
 def cases(titles, protocol):

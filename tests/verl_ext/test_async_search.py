@@ -4,8 +4,6 @@ SearchError underneath; and verl_ext shares one client per event loop."""
 from __future__ import annotations
 
 import asyncio
-import json
-import socket
 
 import pytest
 
@@ -13,21 +11,7 @@ from search_r1.search import RetrieverClient, SearchError
 from search_r1.search.async_client import CoalescingSearch
 from verl_ext.agent_loop import RetrieverSettings, shared_search
 
-
-def titles(path, n):
-    out = {}
-    with open(path) as f:
-        for line in f:
-            out[json.loads(line)["contents"].split("\n", 1)[0].strip('"')] = None
-            if len(out) == n:
-                break
-    return list(out)
-
-
-def dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}/retrieve"
+from tests._fixtures.retriever import corpus_titles, dead_url
 
 
 async def gather_searches(search: CoalescingSearch, queries, stagger_s: float = 0.0):
@@ -38,7 +22,7 @@ async def gather_searches(search: CoalescingSearch, queries, stagger_s: float = 
 
 
 def test_concurrent_searches_coalesce_into_one_request(retriever_server):
-    queries = titles(retriever_server.corpus_path, 10)
+    queries = corpus_titles(retriever_server.corpus_path, 10)
     engine = RetrieverClient(retriever_server.url, topk=2, cache_size=0)
     search = CoalescingSearch(engine, window_s=0.2, max_batch=64)
     got = asyncio.run(gather_searches(search, queries, stagger_s=0.005))
@@ -49,7 +33,7 @@ def test_concurrent_searches_coalesce_into_one_request(retriever_server):
 
 
 def test_max_batch_caps_a_request(retriever_server):
-    queries = titles(retriever_server.corpus_path, 10)
+    queries = corpus_titles(retriever_server.corpus_path, 10)
     engine = RetrieverClient(retriever_server.url, topk=1, cache_size=0)
     search = CoalescingSearch(engine, window_s=0.5, max_batch=4)
     got = asyncio.run(asyncio.wait_for(gather_searches(search, queries), timeout=30))
@@ -59,7 +43,7 @@ def test_max_batch_caps_a_request(retriever_server):
 
 
 def test_failover_and_failure_reach_every_waiter(retriever_server):
-    queries = titles(retriever_server.corpus_path, 3)
+    queries = corpus_titles(retriever_server.corpus_path, 3)
     # a dead URL first, the live one second: RetrieverClient fails over inside the one batch
     engine = RetrieverClient([dead_url(), retriever_server.url], topk=1, retries=0, timeout=2.0)
     search = CoalescingSearch(engine, window_s=0.05)

@@ -5,7 +5,6 @@ of the response_mask == 1 tokens (exactly what the policy sampled), padding side
 logprob alignment and the per-row stats.
 """
 import json
-import socket
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager
 from search_r1.rollout.tensor_helper import pad_ragged
 from search_r1.search import MockSearchEngine, RetrieverClient, SearchEngine, render_passages
 
+from tests._fixtures.retriever import corpus_titles, dead_url
 from tests.search_r1.rollout.scripted import ScriptedGenerator, fake_logprob, smollm2_tokenizer
 
 VELTRA = "Doc 1(Title: Veltra) Veltra was founded by Ana Osk.\n"
@@ -284,10 +284,7 @@ def test_manager_needs_an_engine_or_url(tok):
 
 
 def test_search_engine_down_gives_failed_observation(tok):
-    with socket.socket() as s:  # a port nobody listens on: connection refused
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    engine = RetrieverClient(f"http://127.0.0.1:{port}/retrieve", retries=1, backoff=0.01, timeout=2.0)
+    engine = RetrieverClient(dead_url(), retries=1, backoff=0.01, timeout=2.0)
     s1, s2 = "<search> Veltra </search>", "<answer> unknown </answer>"
     out, _ = run(tok, ["Who founded Veltra", "q2"], [[s1, s2], [s2]], engine, max_turns=2)
     assert texts(out, tok, 0) == (s1 + failed_search_observation() + s2, s1 + s2)
@@ -297,17 +294,6 @@ def test_search_engine_down_gives_failed_observation(tok):
 
 
 # -- the real retriever server ------------------------------------------------------------------
-def corpus_titles(path, n):
-    """The first n distinct titles of the corpus (an entity has several passages)."""
-    titles = {}
-    with open(path) as f:
-        for line in f:
-            titles[json.loads(line)["contents"].split("\n", 1)[0].strip('"')] = None
-            if len(titles) == n:
-                break
-    return list(titles)
-
-
 def direct_passages(url, query, topk=3):
     """What the server returns, fetched independently of RetrieverClient and rendered."""
     r = requests.post(url, json={"queries": [query], "topk": topk, "return_scores": False}, timeout=10)
