@@ -126,15 +126,12 @@ class QueryTokenizer:
     def __init__(self, save_dir: str | Path, stemmer: str | None, cache_size: int = 100_000):
         save_dir = Path(save_dir)
         stem = _stemmer(stemmer)
-        if (save_dir / QUERY_VOCAB).exists():
-            self._vocab: dict[str, int] = json.loads((save_dir / QUERY_VOCAB).read_text(encoding="utf-8"))
-            stopwords = json.loads((save_dir / "stopwords.tokenizer.json").read_text(encoding="utf-8"))
-        else:  # an index from before QUERY_VOCAB existed: derive it from bm25s's tokenizer files
-            import bm25s
-            tok = bm25s.tokenization.Tokenizer(stopwords=None, stemmer=stem)
-            tok.load_vocab(save_dir)
-            tok.load_stopwords(save_dir)
-            self._vocab, stopwords = query_vocab(tok), tok.stopwords
+        if not (save_dir / QUERY_VOCAB).exists():
+            raise ValueError(f"{save_dir} has no {QUERY_VOCAB}: the BM25 index was built by an older "
+                             "version of this project; rebuild it with `python -m retriever_server build "
+                             "--corpus CORPUS.jsonl --kind bm25 --out DIR`")
+        self._vocab: dict[str, int] = json.loads((save_dir / QUERY_VOCAB).read_text(encoding="utf-8"))
+        stopwords = json.loads((save_dir / "stopwords.tokenizer.json").read_text(encoding="utf-8"))
         self._stop = frozenset(stopwords or ())
         self._split = re.compile(TOKEN_PATTERN).findall
         self._stem = lru_cache(maxsize=cache_size)(stem.stemWord) if stem else None

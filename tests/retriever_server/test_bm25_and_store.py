@@ -114,12 +114,11 @@ def test_store_is_memory_mapped(retriever_server):
     assert isinstance(store._contents, mmap.mmap)
 
 
-def test_query_tokenizer_falls_back_to_bm25s_vocab_files(retriever_server, tmp_path):
+def test_index_without_query_vocab_is_refused_with_the_rebuild_command(retriever_server, tmp_path):
     import shutil
     from retriever_server.bm25_index import QUERY_VOCAB
     old = tmp_path / "bm25"
     shutil.copytree(retriever_server.index_dir / "bm25", old)
     (old / QUERY_VOCAB).unlink()
-    new_tok, old_tok = QueryTokenizer(retriever_server.index_dir / "bm25", "english"), QueryTokenizer(old, "english")
-    for q in _queries(retriever_server, 20):
-        assert new_tok.ids(q) == old_tok.ids(q)
+    with pytest.raises(ValueError, match=r"no query_vocab.json.*python -m retriever_server build"):
+        QueryTokenizer(old, "english")
