@@ -451,29 +451,10 @@ class OpenAIGenerator:
         return [self._parse_choice(c, params) for c in choices]
 
     def _post(self, body: dict) -> dict:
-        import httpx
-
-        last_error = "no attempt made"
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(backoff_delay(attempt, self.backoff))  # the retriever client's pacing
-            try:
-                resp = self._client.post(self.url, json=body)
-            except httpx.HTTPError as exc:  # connection refused, timeouts, protocol errors
-                last_error = f"{type(exc).__name__}: {exc}"
-                continue
-            if resp.status_code == 200:
-                try:
-                    return resp.json()
-                except ValueError:
-                    raise GenerationError(f"{self.url} returned non-JSON: {resp.text[:300]!r}") from None
-            last_error = f"HTTP {resp.status_code}: {resp.text[:300]}"
-            if resp.status_code not in _RETRYABLE_STATUS:
-                raise GenerationError(f"{self.url} rejected the request ({last_error}); check the model "
-                                      f"name {self.model!r} and the sampling parameters")
-            logger.warning("%s attempt %d/%d failed: %s", self.url, attempt + 1, self.retries + 1, last_error)
-        raise GenerationError(f"{self.url} failed after {self.retries + 1} attempts; last error: {last_error}. "
-                              "Is the server running (e.g. `vllm serve MODEL --port PORT`)?")
+        return post_json(self._client, self.url, body, retries=self.retries, backoff=self.backoff,
+                         rejected=lambda error: (f"{self.url} rejected the request ({error}); check the model "
+                                                 f"name {self.model!r} and the sampling parameters"),
+                         hint="Is the server running (e.g. `vllm serve MODEL --port PORT`)?")
 
     # -- responses --------------------------------------------------------------------------------
 
@@ -530,11 +511,57 @@ class OpenAIGenerator:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def _completions_url(base_url: str) -> str:
-    """Accept "http://h:p", "http://h:p/v1" or the full ".../v1/completions"."""
+def post_json(client, url: str, body: dict, *, retries: int, backoff: float, rejected, hint: str,
+              secret: str | None = None, honor_retry_after: bool = False) -> dict:
+    """POST `body` as JSON and return the decoded 200 response; the retry loop of the OpenAI clients.
+
+    Transient failures (connection errors, timeouts, HTTP 408/429/5xx) are retried `retries` times,
+    sleeping `backoff_delay(attempt, backoff)` (the retriever client's pacing) or, with
+    `honor_retry_after`, the 429's Retry-After seconds when the server sends them; then
+    GenerationError ending with `hint`. Any other status fails at once with `rejected(error)`, where
+    error is "HTTP <status>: <body>". `secret` (an API key) is blanked out of every error text.
+    """
+    import httpx
+
+    def scrub(text: str) -> str:
+        return text.replace(secret, "***") if secret else text
+
+    last_error, wait = "no attempt made", None
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(wait if wait is not None else backoff_delay(attempt, backoff))
+        wait = None
+        try:
+            resp = client.post(url, json=body)
+        except httpx.HTTPError as exc:  # connection refused, timeouts, protocol errors
+            last_error = scrub(f"{type(exc).__name__}: {exc}")
+            continue
+        if resp.status_code == 200:
+            try:
+                return resp.json()
+            except ValueError:
+                raise GenerationError(f"{url} returned non-JSON: {scrub(resp.text[:300])!r}") from None
+        last_error = scrub(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        if resp.status_code not in _RETRYABLE_STATUS:
+            raise GenerationError(rejected(last_error))
+        if honor_retry_after and resp.status_code == 429:
+            from search_r1.search.web import _retry_after  # one Retry-After parser (capped at 60 s)
+
+            wait = _retry_after(resp)
+        logger.warning("%s attempt %d/%d failed: %s", url, attempt + 1, retries + 1, last_error)
+    raise GenerationError(f"{url} failed after {retries + 1} attempts; last error: {last_error}. {hint}")
+
+
+def endpoint_url(base_url: str, path: str) -> str:
+    """`path` ("completions", "chat/completions") under an OpenAI-style base URL: accepts
+    "http://h:p", "http://h:p/v1" or the full ".../v1/<path>"."""
     url = base_url.rstrip("/")
-    if url.endswith("/completions"):
+    if url.endswith("/" + path):
         return url
     if url.endswith("/v1"):
-        return url + "/completions"
-    return url + "/v1/completions"
+        return f"{url}/{path}"
+    return f"{url}/v1/{path}"
+
+
+def _completions_url(base_url: str) -> str:
+    return endpoint_url(base_url, "completions")

@@ -8,17 +8,16 @@ finish_reason / stop_reason / index, plus `token_ids` when `return_token_ids` is
   "text"      a server with neither: text pieces only, stop string dropped from the text
   "no-stop"   ignores `stop` (samples the whole budget): the client must trim
 """
-import json
 import math
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from search_r1.models import load_model_and_tokenizer
 from search_r1.prompts import apply_chat_template
 from search_r1.rollout.backends import GenerationError, HFGenerator, OpenAIGenerator, SamplingParams
+from tests._fixtures.json_server import serve_json
 
 
 class FakeVLLM:
@@ -28,26 +27,7 @@ class FakeVLLM:
         self.fail_next = 0          # answer this many requests with HTTP 500 first
         self.reject_status = None   # answer every request with this status (e.g. 400)
         self.lock = threading.Lock()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                status, payload = fake.handle(self.path, body)
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.server, self.base_url = serve_json(lambda path, headers, body: self.handle(path, body))
 
     def close(self):
         self.server.shutdown()
