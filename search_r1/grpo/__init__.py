@@ -10,6 +10,7 @@ Everything is re-exported from where it lives (records, config and trainer here;
 """
 from search_r1.grpo.config import SearchR1Config
 from search_r1.grpo.data import create_training_data, load_training_data, synthetic_knowledge_base
+from search_r1.grpo.openai_chat import OpenAIChatGenerator, resolve_openai_api
 from search_r1.grpo.records import TokenStep, Trajectory
 from search_r1.grpo.trainer import (GRPOTrainer, PolicyUpdateUnavailable, build_search_engine, config_reward,
                                     final_answer_of)
@@ -24,5 +25,5 @@ __all__ = [
     "SearchEngine", "SearchError", "MockSearchEngine", "RetrieverSearchEngine", "RetrieverClient", "WebSearchEngine",
     "check_format_correctness", "check_answer_correctness", "compute_reward",
     "create_training_data", "load_training_data", "synthetic_knowledge_base", "build_search_engine",
-    "final_answer_of", "config_reward",
+    "final_answer_of", "config_reward", "OpenAIChatGenerator", "resolve_openai_api",
 ]

@@ -34,16 +34,22 @@ def _default_device() -> str:
 @dataclass
 class SearchR1Config:
     # --- generation backend -----------------------------------------------------------------------
-    # Generate through an OpenAI-compatible /v1/completions server (vLLM, SGLang, llama.cpp) instead
-    # of local weights; no policy update is possible then. Prompts are sent as token ids of
-    # model_name_or_path's tokenizer, so the server must serve that tokenizer's model; chat-only
-    # endpoints (api.openai.com's gpt-4o-mini has no /v1/completions) are not supported.
+    # Generate through an OpenAI-compatible API instead of local weights (inference only: no policy
+    # update is possible then). Which API: see openai_api.
     use_openai: bool = False
+    # auto | completions | chat. completions: /v1/completions with token-id prompts of
+    # model_name_or_path's tokenizer (vLLM, SGLang, llama.cpp serving that model; exact ids).
+    # chat: /v1/chat/completions with the prompt's system/user messages, the policy's turns as
+    # assistant messages and each <information> block as a user message; replies are re-tokenized
+    # with the local tokenizer (inexact ids, log-probs NaN where the tokens differ). auto = chat for
+    # api.openai.com (gpt-4o-mini offers only chat), completions for any other host.
+    openai_api: str = "auto"
     # API key of that server; empty = env OPENAI_API_KEY (or no key).
     openai_api_key: str = ""
     # Model name sent to the server.
     openai_model: str = "gpt-4o-mini"
-    # Base URL of the OpenAI-compatible server ("http://host:port", ".../v1" or ".../v1/completions").
+    # Base URL of the OpenAI-compatible server ("http://host:port", ".../v1", or the full
+    # ".../v1/completions" / ".../v1/chat/completions").
     openai_base_url: str = "https://api.openai.com/v1"
     # Policy weights: an alias (`smollm2-135m-instruct`, `tiny-random-qwen3`), an HF directory or a
     # .gguf file (see search_r1.models); with use_openai, only its tokenizer is used.
@@ -162,6 +168,7 @@ class SearchR1Config:
                              "set output_dir or save_interval=0")
         if self.use_openai and not self.openai_base_url:
             raise ValueError("SearchR1Config.use_openai=True needs openai_base_url, e.g. 'http://127.0.0.1:8000/v1'")
+        self.resolved_openai_api  # validates openai_api (a clear ValueError listing the choices)
         for name in ("format_reward", "format_penalty", "answer_reward", "exact_match_bonus"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -173,6 +180,13 @@ class SearchR1Config:
         if self.dtype == "auto":
             return torch.float16 if self.device.startswith("cuda") else torch.float32
         return getattr(torch, self.dtype)
+
+    @property
+    def resolved_openai_api(self) -> str:
+        """"completions" or "chat": `openai_api` with auto decided from `openai_base_url`."""
+        from search_r1.grpo.openai_chat import resolve_openai_api
+
+        return resolve_openai_api(self.openai_api, self.openai_base_url)
 
     # -- serialization ---------------------------------------------------------------------------
     def to_dict(self, include_secrets: bool = False) -> dict:

@@ -7,7 +7,8 @@
 Nothing here is a second implementation of the rollout or the math: a step is
   1. rollout: `LLMGenerationManager.run_llm_loop` (search_r1.rollout) with `HFGenerator` (batched
      sampling over a KV cache, stop at `</search>` / `</answer>`, exact sampled ids and their
-     log-probs) or `OpenAIGenerator` (use_openai); searches go to any `SearchEngine`;
+     log-probs) or, with use_openai, `OpenAIGenerator` (/v1/completions) or `OpenAIChatGenerator`
+     (/v1/chat/completions, `config.openai_api`); searches go to any `SearchEngine`;
   2. reward: `search_r1.rewards` (format + answer tiers, values from the config);
   3. advantage: `search_r1.algos.compute_grpo_advantages` over the samples of each query
      (population std, eps 1e-8);
@@ -106,6 +107,7 @@ class GRPOTrainer:
     def __init__(self, config: SearchR1Config | None = None, search_engine: SearchEngine | None = None,
                  model=None, tokenizer=None):
         from search_r1.models import load_model_and_tokenizer, load_tokenizer
+        from search_r1.grpo.openai_chat import OpenAIChatGenerator
         from search_r1.rollout.backends import HFGenerator, OpenAIGenerator
         from search_r1.rollout.generation import LLMGenerationManager
 
@@ -122,8 +124,12 @@ class GRPOTrainer:
                 raise ValueError("use_openai=True generates through the API; do not pass model= "
                                  "(set use_openai=False to train local weights)")
             self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model_name_or_path)
-            self.generator = OpenAIGenerator(cfg.openai_base_url, cfg.openai_model, tokenizer=self.tokenizer,
-                                             api_key=cfg.openai_api_key or None)
+            if cfg.resolved_openai_api == "chat":
+                self.generator = OpenAIChatGenerator(cfg.openai_base_url, cfg.openai_model, self.tokenizer,
+                                                     api_key=cfg.openai_api_key or None)
+            else:
+                self.generator = OpenAIGenerator(cfg.openai_base_url, cfg.openai_model, tokenizer=self.tokenizer,
+                                                 api_key=cfg.openai_api_key or None)
         else:
             if (model is None) != (tokenizer is None):
                 raise ValueError("pass both model= and tokenizer= (or neither, to load config.model_name_or_path)")
@@ -197,6 +203,9 @@ class GRPOTrainer:
             if queries[i] not in cache:
                 cache[queries[i]] = self.prompt_ids(queries[i])
         prompts = [cache[queries[i]] for i in live]
+        if hasattr(self.generator, "register_prompt"):  # a chat API takes the prompt as messages
+            for q, ids in cache.items():
+                self.generator.register_prompt(ids, grpo_messages(q))
         ids, mask = pad_ragged(prompts, pad_value=self.pad_token_id, left=True)  # (B, P) left-padded
         batch = DataProto.from_dict(tensors={"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)})
         self.manager.config = self._generation_config(max_tokens, self._next_seed())

@@ -67,8 +67,10 @@ def test_config_defaults_are_the_spec():
     spec = dict(use_openai=False, openai_model="gpt-4o-mini", max_tokens=500, group_size=2, update_times=4,
                 clip_epsilon=0.2, beta=0.1, learning_rate=1e-5, batch_size=1, num_epochs=10, max_grad_norm=0.5,
                 format_reward=0.5, answer_reward=1.0, exact_match_bonus=2.0, log_interval=1,
-                model_name_or_path="smollm2-135m-instruct")
+                model_name_or_path="smollm2-135m-instruct", openai_base_url="https://api.openai.com/v1",
+                openai_api="auto")
     assert {k: getattr(c, k) for k in spec} == spec
+    assert c.resolved_openai_api == "chat"  # gpt-4o-mini at api.openai.com offers only chat completions
     assert c.device == ("cuda" if torch.cuda.is_available() else "cpu")
     assert c.torch_dtype == (torch.float16 if torch.cuda.is_available() else torch.float32)
 
@@ -83,6 +85,7 @@ def test_config_defaults_are_the_spec():
     ({"device": 0}, "device must be a string"),
     ({"save_interval": 5}, "needs output_dir"),
     ({"max_tokens": 0}, "max_tokens must be an int >= 1"),
+    ({"openai_api": "responses"}, r"openai_api='responses' is invalid; choose one of \['auto', 'completions', 'chat'\]"),
 ])
 def test_bad_config_is_a_clear_error(kwargs, message):
     with pytest.raises(ValueError, match=message):

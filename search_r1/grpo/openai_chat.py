@@ -1,0 +1,254 @@
+"""`OpenAIChatGenerator`: the rollout's `Generator` over an OpenAI-style `/v1/chat/completions` API.
+
+api.openai.com's chat models (gpt-4o-mini, the config default) offer only chat completions, while
+the rollout speaks token ids (`Generator.generate(prompts: list[list[int]], params)`). This backend
+maps each token context back to chat messages, asks for one assistant turn, and re-encodes the
+reply with the local tokenizer:
+
+    context ids = prompt ids (registered with their messages) + response so far
+    response    = assistant text ... </search>  \\n\\n<information>...</information>\\n\\n  assistant text ...
+    messages    = system, user (the prompt)   + assistant, user (the block),                   ...
+
+Inference only: the ids are a re-tokenization (`token_ids_exact=False`), so no policy update can use
+them (`GRPOTrainer.update_policy` refuses anyway with use_openai).
+
+`resolve_openai_api(mode, base_url)` decides which API a config uses (`auto`: chat for
+api.openai.com, completions for everything else, e.g. vLLM, SGLang, llama.cpp servers).
+"""
+from __future__ import annotations
+
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlparse
+
+from search_r1.protocol import (decode_ids, encode_texts, invalid_action_observation, search_observation,
+                                stop_strings)
+from search_r1.rollout.backends import (GenerationError, GenOutput, OpenAIGenerator, SamplingParams, _check_prompts,
+                                        endpoint_url, post_json)
+
+OPENAI_APIS = ("auto", "completions", "chat")  # SearchR1Config.openai_api
+CHAT_HOSTS = frozenset({"api.openai.com"})  # hosts that serve chat completions only (for `auto`)
+KEY_ENV = "OPENAI_API_KEY"
+
+
+def resolve_openai_api(mode: str, base_url: str) -> str:
+    """"completions" or "chat" for `SearchR1Config.openai_api` = `mode` and its `openai_base_url`.
+
+    auto: chat when the host is api.openai.com or the URL names ".../chat/completions"; otherwise
+    completions (vLLM / SGLang / llama.cpp speak token-id /v1/completions, which keeps exact ids).
+    """
+    if mode not in OPENAI_APIS:
+        raise ValueError(f"SearchR1Config.openai_api={mode!r} is invalid; choose one of {list(OPENAI_APIS)} "
+                         "(auto = chat for api.openai.com, completions for other hosts such as a vLLM server)")
+    if mode != "auto":
+        return mode
+    url = (base_url or "").rstrip("/")
+    if (urlparse(url).hostname or "").lower() in CHAT_HOSTS or url.endswith("/chat/completions"):
+        return "chat"
+    return "completions"
+
+
+def chat_url(base_url: str) -> str:
+    """Accept "https://host", "https://host/v1" or the full ".../v1/chat/completions"."""
+    return endpoint_url(base_url, "chat/completions")
+
+
+def missing_stop(text: str, stops: tuple[str, ...]) -> str:
+    """The stop tag a chat API cut off the end of `text`, or "".
+
+    OpenAI's chat API stops *before* a stop string and does not return it. A turn that stopped on
+    `</search>` (or `</answer>`) therefore ends inside an open `<search>` (`<answer>`): the tag whose
+    opening comes last without its closing after it is the one that was hit. For the tags protocol
+    the stops are `</search>` and `</answer>`, whose openings are `<search>` and `<answer>`.
+    """
+    best, best_at = "", -1
+    for stop in stops:
+        opening = "<" + stop[2:] if stop.startswith("</") else ""
+        at = text.rfind(opening) if opening else -1
+        if at > best_at and stop not in text[at:]:
+            best, best_at = stop, at
+    return best
+
+
+class OpenAIChatGenerator:
+    """Generator over `POST {base_url}/v1/chat/completions` (OpenAI, or any server with its shape).
+
+    Prompts: the chat API takes messages, not ids, so the caller registers each prompt's ids with
+    its messages (`register_prompt`, done by `GRPOTrainer.rollout`); a context is that prompt
+    followed by the response so far, which `messages_for` splits back into turns.
+
+    Mapping of the response so far (why): the chat API cannot continue a partial assistant message
+    (no prefill) and its `tool` role needs native `tool_calls`, which the text protocol does not
+    use. So each generated segment (ending with its re-appended `</search>`) is an `assistant`
+    message, and each environment block that the rollout inserted after it (`<information>...
+    </information>`, or the invalid-action notice) is the next `user` message, verbatim minus the
+    blank lines that separate it from the policy's text in the token stream (message boundaries
+    separate it here). The model thus reads exactly the text a token-level policy reads, with each
+    block attributed to the environment rather than to itself, and answers with the next turn.
+
+    Request: `model`, `messages`, `stop` (the protocol's, e.g. ["</search>", "</answer>"]),
+    `max_completion_tokens`, `temperature`, `top_p`, `logprobs=true`, `n=1`, `seed` (params.seed +
+    row, so a GRPO group's identical contexts differ) and `extra_body`. top_k has no OpenAI field:
+    it is dropped with a warning (pass it in extra_body for servers that accept it).
+
+    Response: `choices[0].message.content`; with finish_reason "stop" the stop tag the API cut off
+    is re-appended (`missing_stop`) so the protocol parser sees the action. Token ids are the local
+    tokenizer's encoding of the content, then of the re-appended tag (`token_ids_exact` is False).
+    Log-probs: `choices[0].logprobs.content[i].logprob` when the API's tokens are the local ones
+    (same count and same token texts), else NaN; the re-appended tag's tokens are NaN (the API does
+    not report them). Never misaligned.
+
+    Retries: `backends.post_json` (connection errors, timeouts, 408/429/5xx with backoff, a 429's
+    Retry-After honoured); 401/403 name OPENAI_API_KEY; the key never appears in an error.
+    """
+
+    def __init__(self, base_url: str, model: str, tokenizer, api_key: str | None = None,
+                 timeout: float = 120.0, retries: int = 3, backoff: float = 0.5, max_concurrency: int = 8,
+                 protocol: str = "tags", extra_body: dict | None = None, max_registered_prompts: int = 10_000):
+        import httpx
+
+        if tokenizer is None:
+            raise ValueError("OpenAIChatGenerator needs the local tokenizer (to split contexts into messages "
+                             "and to turn replies into token ids)")
+        if retries < 0:
+            raise ValueError(f"OpenAIChatGenerator retries must be >= 0, got {retries}")
+        self.url = chat_url(base_url)
+        self.model, self.tokenizer = model, tokenizer
+        self.api_key = api_key or ""
+        self.retries, self.backoff = retries, backoff
+        self.max_concurrency = max(1, max_concurrency)
+        self.extra_body = dict(extra_body or {})
+        self.stops = stop_strings(protocol)
+        opening, closing = search_observation("\x00", protocol).split("\x00")  # the result's wrapper
+        # An environment block: a wrapped search result right after the policy's closing tag, or the
+        # invalid-action notice. Anchoring on the closing tag keeps a model that merely writes
+        # "<information>" in its own text from being split.
+        self._env_re = re.compile("(?<=" + re.escape(self.stops[0]) + ")" + re.escape(opening) + ".*?"
+                                  + re.escape(closing) + "|" + re.escape(invalid_action_observation(protocol)),
+                                  re.DOTALL)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(timeout=timeout, headers=headers)
+        self.token_ids_exact = False  # always re-tokenized text
+        self.logprobs_available = True
+        self.max_registered_prompts = max_registered_prompts
+        self._prompts: dict[int, dict[tuple[int, ...], list[dict]]] = {}  # length -> ids -> messages
+        self._registered = 0
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    # Client lifetime and warn-once are OpenAIGenerator's, shared as plain functions (no inheritance:
+    # the two generators share these, not their request or response logic).
+    close = OpenAIGenerator.close
+    __enter__ = OpenAIGenerator.__enter__
+    __exit__ = OpenAIGenerator.__exit__
+    _warn_once = OpenAIGenerator._warn_once
+
+    # -- prompts and messages ---------------------------------------------------------------------
+
+    def register_prompt(self, prompt_ids: list[int], messages: list[dict]) -> None:
+        """Remember that `prompt_ids` is the tokenized form of `messages` (system/user turns)."""
+        key = tuple(int(t) for t in prompt_ids)
+        with self._lock:
+            if self._registered >= self.max_registered_prompts:  # a long run: forget old prompts
+                self._prompts.clear()
+                self._registered = 0
+            bucket = self._prompts.setdefault(len(key), {})
+            if key not in bucket:
+                self._registered += 1
+            bucket[key] = [dict(m) for m in messages]
+
+    def messages_for(self, context: list[int]) -> list[dict]:
+        """The chat messages of one token context (see the class docstring for the mapping)."""
+        for length in sorted(self._prompts, reverse=True):  # longest registered prefix wins
+            head = self._prompts[length].get(tuple(context[:length]))
+            if head is not None:
+                break
+        else:
+            raise GenerationError("OpenAIChatGenerator got a prompt it has no messages for; call "
+                                  "register_prompt(prompt_ids, messages) first (GRPOTrainer does this)")
+        messages = [dict(m) for m in head]
+        response = decode_ids(self.tokenizer, [list(context[length:])])[0] if len(context) > length else ""
+        pos = 0
+        for match in self._env_re.finditer(response):
+            if response[pos:match.start()]:
+                messages.append({"role": "assistant", "content": response[pos:match.start()]})
+            messages.append({"role": "user", "content": match.group(0).strip()})
+            pos = match.end()
+        if response[pos:].strip():  # a trailing partial turn (not produced by the rollout) stays assistant
+            messages.append({"role": "assistant", "content": response[pos:]})
+        return messages
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenOutput]:
+        _check_prompts(prompts)
+        if not prompts:
+            return []
+        if params.top_k > 0:
+            self._warn_once("top_k", f"{self.url}: the chat completions API has no top_k; sampling without it")
+        requests = [self.payload(self.messages_for(list(p)), params,
+                                 None if params.seed is None else params.seed + i) for i, p in enumerate(prompts)]
+        if len(requests) == 1:
+            return [self._complete(requests[0], params)]
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(requests))) as pool:
+            return list(pool.map(lambda body: self._complete(body, params), requests))
+
+    def payload(self, messages: list[dict], params: SamplingParams, seed: int | None) -> dict:
+        """The JSON body of one request (public so tests and users can see exactly what is sent)."""
+        body = {"model": self.model, "messages": messages, "stop": list(params.stop) or list(self.stops),
+                "max_completion_tokens": params.max_tokens, "temperature": params.temperature,
+                "top_p": params.top_p, "n": 1, "stream": False, "logprobs": True}
+        if seed is not None:
+            body["seed"] = seed
+        body.update(self.extra_body)
+        return body
+
+    def _complete(self, body: dict, params: SamplingParams) -> GenOutput:
+        response = post_json(
+            self._client, self.url, body, retries=self.retries, backoff=self.backoff, secret=self.api_key,
+            honor_retry_after=True, rejected=self._rejected,
+            hint="Check openai_base_url and that the server offers /v1/chat/completions.")
+        choices = response.get("choices") if isinstance(response, dict) else None
+        message = choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+        if not isinstance(message, dict):
+            raise GenerationError(f"{self.url} returned no choices[0].message: {str(response)[:300]}")
+        return self._parse(choices[0], params)
+
+    def _rejected(self, error: str) -> str:
+        if error.startswith(("HTTP 401", "HTTP 403")):
+            return (f"{self.url} rejected the API key ({error}); set the {KEY_ENV} environment variable "
+                    "(or SearchR1Config.openai_api_key) to a valid key")
+        return f"{self.url} rejected the request ({error}); check openai_model {self.model!r} and the sampling parameters"
+
+    # -- responses --------------------------------------------------------------------------------
+
+    def _parse(self, choice: dict, params: SamplingParams) -> GenOutput:
+        text = choice["message"].get("content") or ""
+        finish = choice.get("finish_reason") or "length"
+        stops = tuple(params.stop) or self.stops
+        tag = missing_stop(text, stops) if finish == "stop" else ""
+        ids = encode_texts(self.tokenizer, [text])[0] if text else []
+        tag_ids = encode_texts(self.tokenizer, [tag])[0] if tag else []
+        lps = self._aligned_logprobs(choice.get("logprobs"), ids) + [float("nan")] * len(tag_ids)
+        return GenOutput(token_ids=ids + tag_ids, logprobs=lps, finish_reason="stop" if finish == "stop" else "length")
+
+    def _aligned_logprobs(self, logprobs, ids: list[int]) -> list[float]:
+        """The API's per-token log-probs if its tokens are the local `ids`, else NaN for each id.
+
+        Equal counts are not enough (two tokenizers may split the same text differently at equal
+        length), so each API token text must equal the local token's text too.
+        """
+        nan = [float("nan")] * len(ids)
+        content = logprobs.get("content") if isinstance(logprobs, dict) else None
+        if content is None:
+            if self.logprobs_available:
+                self.logprobs_available = False
+                self._warn_once("logprobs", f"{self.url} returned no logprobs; log-probs are NaN")
+            return nan
+        if len(content) != len(ids):
+            return nan
+        pieces = decode_ids(self.tokenizer, [[t] for t in ids])
+        if any(isinstance(c.get("token"), str) and c["token"] != piece for c, piece in zip(content, pieces)):
+            return nan
+        return [float(c["logprob"]) if isinstance(c.get("logprob"), (int, float)) else float("nan") for c in content]
