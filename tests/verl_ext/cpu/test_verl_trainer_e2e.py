@@ -4,11 +4,14 @@ i.e. verl's RLHFDataset, AgentLoopManager/AgentLoopWorker running verl_ext's Sea
 real retriever server, verl's reward loop with verl_ext.reward.compute_score, the search_r1_grpo
 estimator, the search_r1 trainer mode, FSDP2 actor/ref workers (gloo) doing log-probs and the PPO
 update with K3 KL, the naive weight sync into the `hf` rollout server, validation, a checkpoint, and a
-resumed run. Tiny random Qwen3, 3 steps then 1 more after resuming.
+resumed run. 3 steps then 1 more after resuming.
 
-What the random tiny model cannot show: it never writes a <search> or <answer> tag, so its reward is 0
-and it issues no searches (the retriever is up and configured; the search path through verl's
-AgentLoopWorker is covered by tests/verl_ext/test_agent_loop_equivalence.py).
+The policy is tiny-random-qwen3 after the project's format warm-start, through the documented override
+`actor_rollout_ref.model.path=${search_r1_warmstart:tiny-random-qwen3}` (built once with the config's
+`warmstart:` settings and cached under $SEARCH_R1_HOME/warmstart): at temperature 1 it writes a mix of
+well-formed searches/answers and junk, so its searches reach the retriever, the seed reward differs
+inside GRPO groups (non-zero advantages) and the update has a signal. The random model itself never
+writes a tag (reward constant, no search).
 """
 from __future__ import annotations
 
@@ -93,6 +96,22 @@ def run_trainer(overrides: list[str], log_path: Path, timeout: float) -> tuple[i
     return rc, log_path.read_text(errors="replace"), time.monotonic() - start, peak
 
 
+WARM_MODEL = "actor_rollout_ref.model.path=${search_r1_warmstart:tiny-random-qwen3}"
+
+
+def resolved_model_path(overrides: list[str]) -> str:
+    """The model directory the run's config resolves to, resolved here in the test process (the
+    warm-start is built on first use and reused by the run, so its cost stays out of the run's time)."""
+    from hydra import compose, initialize_config_dir
+
+    import verl_ext
+    import verl_ext.cpu  # noqa: F401  (registers the config resolvers)
+
+    with initialize_config_dir(config_dir=str(Path(verl_ext.__file__).parent / "configs"), version_base=None):
+        cfg = compose("grpo_verl_cpu", overrides=overrides)
+    return str(cfg.actor_rollout_ref.model.path)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_verl_trainer_three_steps_with_search_then_resume(synth_world, retriever_server, tmp_path):
@@ -102,9 +121,24 @@ def test_verl_trainer_three_steps_with_search_then_resume(synth_world, retriever
         f"data.val_files={synth_world / 'test.parquet'}",
         f"search_r1.retriever.urls=[{retriever_server.url}]",
         f"trainer.default_local_dir={ckpt}",
+        WARM_MODEL,
+        # Groups of 4 (2 prompts x 4 samples per step): the warm model is well formed in ~40% of its
+        # samples, so a group holds two different rewards with probability ~0.85.
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
     ]
+    start = time.monotonic()
+    model_path = resolved_model_path(common)
+    warm_seconds = time.monotonic() - start
+    assert "/warmstart/" in model_path, model_path
+    queries_before = retriever_server.health()["batching"]["batched_queries"]
     rc, log, seconds, peak = run_trainer(common, tmp_path / "run1.log", timeout=540)
-    print(f"\n[verl cpu e2e] 3 steps: {seconds:.0f} s, peak PSS {peak:.2f} GB")
+    queries = retriever_server.health()["batching"]["batched_queries"] - queries_before
+    print(f"\n[verl cpu e2e] warm-start model (built or reused): {warm_seconds:.0f} s; 3 steps: {seconds:.0f} s, "
+          f"peak PSS {peak:.2f} GB; retriever queries during the run "
+          f"(searches and the resolver's warm-start demonstrations): {queries}")
     assert rc == 0, log[-6000:]
     steps = parse_steps(log)
     assert set(steps) >= {0, 1, 2, 3}, sorted(steps)
@@ -115,11 +149,16 @@ def test_verl_trainer_three_steps_with_search_then_resume(synth_world, retriever
         assert per_source and "val/em" in steps[s], sorted(steps[s])
     for s in (1, 2, 3):
         m = steps[s]
+        print(f"[verl cpu e2e] step {s}: " + ", ".join(
+            f"{k} {number(m[k]):.3g}" for k in ("critic/score/mean", "critic/score/min", "critic/score/max",
+                                                 "env/searches_mean", "env/valid_action_ratio",
+                                                 "env/finish_ratio", "critic/advantages/max", "actor/kl_loss")))
         # Every trajectory went through the Search-R1 agent loop (its stats reach the trainer) and the
-        # reward loop (critic/score), and got a GRPO advantage.
+        # reward loop (critic/score, the seed reward in [-1, 2.5]), and got a GRPO advantage.
         assert float(m["env/turns_mean"]) >= 1.0
-        assert 0.0 <= number(m["critic/score/mean"]) <= 1.0
-        assert "critic/advantages/mean" in m
+        assert -1.0 <= number(m["critic/score/min"]) <= number(m["critic/score/mean"]) <= number(m["critic/score/max"]) <= 2.5
+        # The policy searched, and the real retriever answered every search (a failed one is counted).
+        assert number(m["env/searches_mean"]) > 0.0 and number(m["env/search_failures"]) == 0.0, m
         # The rollout server samples from the actor's current weights: its log-probs of the sampled
         # tokens equal the actor's float32 recomputation (mean |log-ppl difference| per sequence).
         # After an update with lr 1e-3, a missed weight sync makes this ~1e-2.
@@ -127,6 +166,13 @@ def test_verl_trainer_three_steps_with_search_then_resume(synth_world, retriever
     # K3 KL to the reference: exactly 0 before the first update (same fp32 weights), then the policy moves.
     kl = [number(steps[s]["actor/kl_loss"]) for s in (1, 2, 3)]
     assert kl[0] == 0.0 and kl[2] > kl[1] > 0.0, kl
+    # Rewards differ inside a batch, and inside some group, so GRPO advantages are not all 0 (each
+    # fails in a given step with probability ~0.02 / ~0.02, in all three ~1e-5).
+    assert any(number(steps[s]["critic/score/max"]) > number(steps[s]["critic/score/min"]) for s in (1, 2, 3))
+    assert any(number(steps[s]["critic/advantages/max"]) > 0.0 > number(steps[s]["critic/advantages/min"])
+               for s in (1, 2, 3))
+    # The mean reward changes from step to step (new prompts, new samples, a moving policy).
+    assert len({number(steps[s]["critic/score/mean"]) for s in (1, 2, 3)}) > 1
 
     # Checkpoint of step 3 (actor shards, optimizer, dataloader state).
     step_dir = ckpt / "global_step_3"
@@ -134,13 +180,12 @@ def test_verl_trainer_three_steps_with_search_then_resume(synth_world, retriever
     assert (step_dir / "actor" / "model_world_size_1_rank_0.pt").is_file()
     assert (step_dir / "actor" / "optim_world_size_1_rank_0.pt").is_file()
     assert (step_dir / "data.pt").is_file()
-    # The policy weights in the checkpoint moved away from the initial model (Adam touches every
-    # parameter that got a gradient: entropy bonus and KL here, since the random model earns no reward).
+    # The policy weights in the checkpoint moved away from the initial (warm-started) model.
     import torch
 
     from search_r1.models import load_model_and_tokenizer
 
-    initial = load_model_and_tokenizer("tiny-random-qwen3")[0].state_dict()
+    initial = load_model_and_tokenizer(model_path)[0].state_dict()
     saved = torch.load(step_dir / "actor" / "model_world_size_1_rank_0.pt", weights_only=False, map_location="cpu")
     moved = {n: float((t.to_local() if hasattr(t, "to_local") else t).float().sub(initial[n]).abs().max())
              for n, t in saved.items() if n in initial}
@@ -159,3 +204,32 @@ def test_verl_trainer_three_steps_with_search_then_resume(synth_world, retriever
     # ...and the rollout server got the resumed weights (verl syncs them in on_init_end).
     assert number(steps2[4]["rollout_corr/log_ppl_abs_diff"]) < 1e-4
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
+
+
+def test_warmstart_resolver_trains_once_with_the_config_settings(synth_world, retriever_server, tmp_path, monkeypatch):
+    """`${search_r1_warmstart:NAME}` (fast settings): the SFT runs with the `warmstart:` group and the
+    search_r1 limits, lands in $SEARCH_R1_HOME/warmstart, is reused; enabled=false gives NAME's own
+    directory; an unknown warmstart key is an error naming it."""
+    import json
+
+    from omegaconf.errors import InterpolationResolutionError
+
+    from search_r1.models import resolve_model_path
+
+    base = resolve_model_path("tiny-random-qwen3")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "models").symlink_to(Path(base).parent)  # the built tiny model, not a rebuild
+    monkeypatch.setenv("SEARCH_R1_HOME", str(tmp_path / "home"))
+    common = [f"data.train_files={synth_world / 'train.parquet'}", f"search_r1.retriever.urls=[{retriever_server.url}]",
+              WARM_MODEL, "warmstart.steps=2", "warmstart.batch_size=1", "warmstart.n_examples=2", "warmstart.lr=0.001"]
+    path = Path(resolved_model_path(common))
+    assert path.parent == tmp_path / "home" / "warmstart", path
+    meta = json.loads((path / "warmstart.json").read_text())
+    assert (meta["base_model"], meta["steps"], meta["batch_size"], meta["n_demos"], meta["lr"]) == \
+        ("tiny-random-qwen3", 2, 1, 2, 0.001)
+    assert (meta["max_obs_length"], meta["max_tokens_per_turn"]) == (128, 64)  # grpo_verl_cpu's search_r1 group
+    stamp = (path / "warmstart.json").stat().st_mtime_ns
+    assert Path(resolved_model_path(common)) == path and (path / "warmstart.json").stat().st_mtime_ns == stamp
+    assert resolved_model_path([*common, "warmstart.enabled=false"]) == resolve_model_path("tiny-random-qwen3")
+    with pytest.raises(InterpolationResolutionError, match=r"warmstart\.\['bogus'\]"):
+        resolved_model_path([*common, "+warmstart.bogus=1"])
