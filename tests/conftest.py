@@ -11,4 +11,5 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 # Shared fixtures live in small modules, one per room, so that parallel work does not collide here:
 #   tests/_fixtures/synth.py      `synth_world`: a small generated QA world (corpus + parquet) per session
 #   tests/_fixtures/retriever.py  `retriever_server`: the real HTTP retriever in a subprocess
-pytest_plugins = ["tests._fixtures.synth", "tests._fixtures.retriever"]
+#   tests/_fixtures/ray_session.py  `ray_session`: one local Ray cluster for the whole session
+pytest_plugins = ["tests._fixtures.synth", "tests._fixtures.retriever", "tests._fixtures.ray_session"]

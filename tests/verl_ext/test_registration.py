@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 import ray
@@ -42,17 +43,11 @@ def _lookups(external_lib: str | None = None) -> dict:
     return out
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}})
-    yield
-    ray.shutdown()
-
-
-def test_fresh_ray_actors_see_the_registrations(ray_cluster):
+def test_fresh_ray_actors_see_the_registrations(ray_session):
+    # A runtime_env of its own: Ray starts a new worker process for it (no earlier import of verl_ext).
+    fresh = {"env_vars": {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "SEARCH_R1_PROBE": uuid.uuid4().hex}}
     probe = ray.remote(num_cpus=0)(lambda lib=None: _lookups(lib))
-    got = ray.get(probe.remote())
+    got = ray.get(probe.options(runtime_env=fresh).remote())
     assert got == {"plugin_loaded": True, "agent_loop": {"_target_": "verl_ext.agent_loop.SearchR1AgentLoop"},
                    "estimator": "compute_search_r1_grpo_advantage", "mode": "SearchR1Trainer"}
     # entry points off: nothing registered, until verl imports model.external_lib=verl_ext

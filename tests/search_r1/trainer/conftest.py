@@ -1,27 +1,10 @@
-"""Fixtures of the trainer tests: one Ray session for the whole test session (Ray starts slowly on
-2 cores), and a PolicyWorker built in this process (no Ray) for fast math tests."""
+"""Fixtures of the trainer tests: a PolicyWorker built in this process (no Ray) for fast math tests.
+The Ray session they share with other rooms is `ray_session` (tests/_fixtures/ray_session.py)."""
 import os
 
 import pytest
 
 from search_r1.net import free_port
-
-
-@pytest.fixture(scope="session")
-def ray_session():
-    import ray
-
-    started = False
-    if not ray.is_initialized():
-        os.environ.setdefault("RAY_worker_niceness", "0")  # Ray's default 15 starves workers on a busy box
-        # 4 logical CPUs: a DP=1 and a DP=2 group side by side (one bundle each); torch threads stay 1.
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                                           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
-        started = True
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture
