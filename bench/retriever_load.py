@@ -48,6 +48,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 
 from retriever_server.cpu import set_threads  # noqa: E402
 from retriever_server.launcher import ServerProcess, ServerStartError  # noqa: E402
+from search_r1.procmem import tree_memory  # noqa: E402
 
 SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}
 KINDS = ("bm25", "dense")
@@ -153,11 +154,7 @@ class Server:
 
     def rss_mb(self) -> float:
         """Resident memory of the server process and its children (worker processes)."""
-        import psutil
-
-        p = psutil.Process(self.proc.pid)
-        procs = [p] + p.children(recursive=True)
-        return sum(q.memory_info().rss for q in procs if q.is_running()) / 2**20
+        return tree_memory(self.proc.pid, "rss") / 2**20
 
     def stop(self) -> None:
         self.process.stop()

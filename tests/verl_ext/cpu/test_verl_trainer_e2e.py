@@ -19,11 +19,12 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from search_r1.procmem import PeakTreeMemory
 
 REPO = Path(__file__).resolve().parents[3]
 STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
@@ -47,36 +48,6 @@ def number(text: str) -> float:
     return float(re.sub(r"^np\.\w+\((.*)\)$", r"\1", text))
 
 
-class PeakPSS:
-    """Peak summed PSS (GB) of a process and all its descendants (driver, Ray, every worker).
-
-    PSS splits shared pages (torch libraries, Ray's object store) among the processes mapping them,
-    so the sum is the memory the run really holds; summed RSS would count them once per process."""
-
-    def __init__(self, pid: int):
-        import psutil
-
-        self.root, self.peak, self._stop = psutil.Process(pid), 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        import psutil
-
-        while not self._stop.is_set():
-            try:
-                procs = [self.root] + self.root.children(recursive=True)
-                self.peak = max(self.peak, sum(p.memory_full_info().pss for p in procs if p.is_running()))
-            except psutil.Error:
-                pass
-            time.sleep(2.0)
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        return self.peak / 2**30
-
-
 def run_trainer(overrides: list[str], log_path: Path, timeout: float) -> tuple[int, str, float, float]:
     # The documented command; the script sets VERL_PLATFORM=cpu for *_cpu configs and runs verl_ext.main.
     cmd = ["bash", str(REPO / "scripts" / "train_grpo.sh"), "--config-name", "grpo_verl_cpu", *overrides]
@@ -86,7 +57,8 @@ def run_trainer(overrides: list[str], log_path: Path, timeout: float) -> tuple[i
     start = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        mem = PeakPSS(proc.pid)
+        # PSS: shared pages (torch, Ray's object store) counted once, not once per process
+        mem = PeakTreeMemory(proc.pid, "pss", every=2.0)
         try:
             rc = proc.wait(timeout=timeout)
         finally:
