@@ -34,7 +34,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -64,45 +63,13 @@ def build_prompts(n: int, out_dir: Path) -> Path:
     return path
 
 
-class TreeRSS:
-    """Peak of the summed RSS of a process and all its descendants, sampled in a thread."""
-
-    def __init__(self, pid: int, every: float = 0.2):
-        import psutil
-
-        self.proc, self.every, self.peak = psutil.Process(pid), every, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        import psutil
-
-        while not self._stop.is_set():
-            try:
-                procs = [self.proc] + self.proc.children(recursive=True)
-                total = 0
-                for p in procs:
-                    try:
-                        total += p.memory_info().rss
-                    except psutil.Error:
-                        pass
-                self.peak = max(self.peak, total)
-            except psutil.Error:
-                return
-            self._stop.wait(self.every)
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        return self.peak / 2 ** 30
-
-
 def run_side(cmd: list[str], env: dict, log: Path) -> float:
     """Run one side to completion; returns its peak tree RSS in GiB. Output goes to `log`."""
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        rss = TreeRSS(proc.pid)
+        from search_r1.procmem import PeakTreeMemory  # the parent's venv only: the TRL venv lacks search_r1
+
+        rss = PeakTreeMemory(proc.pid, "rss", every=0.2)
         rc = proc.wait()
         peak = rss.stop()
     if rc != 0:
