@@ -135,9 +135,11 @@ def test_verl_trainer_three_steps_with_search_then_resume(synth_world, retriever
         # tokens equal the actor's float32 recomputation (mean |log-ppl difference| per sequence).
         # After an update with lr 1e-3, a missed weight sync makes this ~1e-2.
         assert number(m["rollout_corr/log_ppl_abs_diff"]) < 1e-4, m["rollout_corr/log_ppl_abs_diff"]
-    # K3 KL to the reference: exactly 0 before the first update (same fp32 weights), then the policy moves.
+    # K3 KL to the reference: exactly 0 before the first update (same fp32 weights), then the policy has
+    # moved away from it. Not monotonic: each step estimates KL on its own freshly sampled batch (a run
+    # measured 0, 0.0208, 0.0203).
     kl = [number(steps[s]["actor/kl_loss"]) for s in (1, 2, 3)]
-    assert kl[0] == 0.0 and kl[2] > kl[1] > 0.0, kl
+    assert kl[0] == 0.0 and kl[1] > 0.0 and kl[2] > 0.0, kl
     # Rewards differ inside a batch, and inside some group, so GRPO advantages are not all 0 (each
     # fails in a given step with probability ~0.02 / ~0.02, in all three ~1e-5).
     assert any(number(steps[s]["critic/score/max"]) > number(steps[s]["critic/score/min"]) for s in (1, 2, 3))
