@@ -42,7 +42,7 @@ from search_r1.rollout.generation import GenerationConfig, batch_decoder, keep_t
 from search_r1.search import RetrieverClient
 from search_r1.search.async_client import CoalescingSearch
 from search_r1.search.base import SearchError
-from search_r1.trainer.main import quiet_library_loggers
+from search_r1.logs import quiet_library_loggers
 
 log = logging.getLogger(__name__)
 quiet_library_loggers()  # this runs in verl's agent-loop workers: no httpx line per search request

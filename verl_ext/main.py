@@ -20,7 +20,8 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from search_r1.trainer.main import StartupError, check_retriever, quiet_library_loggers
+from search_r1.logs import quiet_library_loggers
+from search_r1.trainer.main import StartupError, check_retriever
 
 log = logging.getLogger("verl_ext.main")
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from retriever_server.manifest import index_matches_corpus
 from retriever_server.launcher import ServerProcess, ServerStartError
+from search_r1.logs import quiet_library_loggers
 from search_r1.search.retriever_client import normalize_url
 from search_r1.trainer.config import AUTO, TrainConfig
 
@@ -310,14 +311,6 @@ def _hydra_main():
 
 # Libraries that log every request or file access at INFO: between progress-bar updates the console
 # would show one httpx line per retriever call. Hydra configures logging at INFO, so set them here.
-QUIET_LOGGERS = ("httpx", "httpcore", "urllib3", "filelock", "fsspec")
-
-
-def quiet_library_loggers() -> None:
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _hydra_main()

@@ -172,7 +172,7 @@ def test_retriever_requests_do_not_log_at_info(retriever_server, caplog):
     import logging
 
     from search_r1.search import RetrieverClient
-    from search_r1.trainer.main import quiet_library_loggers
+    from search_r1.logs import quiet_library_loggers
 
     levels = {name: logging.getLogger(name).level for name in ("httpx", "httpcore")}
     try:
