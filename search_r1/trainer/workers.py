@@ -287,14 +287,19 @@ class PolicyWorker(Worker):
         with self._autocast():
             out = model(input_ids=ids[:, a:e], attention_mask=attn[:, a:e], position_ids=pos[:, a:e],
                         use_cache=False, logits_to_keep=r_eff + 1)
-        logits = out.logits[:, :-1].float() / self.spec.temperature  # (m, r_eff, V): positions P-1 .. e-2
+        logits = out.logits[:, :-1].float()  # (m, r_eff, V): positions P-1 .. e-2
+        if self.spec.temperature != 1.0:  # x / 1.0 is x: skip a (m, r_eff, V) copy
+            logits = logits / self.spec.temperature
         targets = ids[:, P:e]  # (m, r_eff)
         logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
         ent = None
         if with_entropy:
             from search_r1.algos import entropy_from_logits
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                ent = entropy_from_logits(logits if entropy_grad else logits.detach())  # (m, r_eff)
+            if entropy_grad and torch.is_grad_enabled():
+                ent = entropy_from_logits(logits)  # (m, r_eff)
+            else:  # a report only: row by row, so its softmax temporaries are (r_eff, V), not (m, r_eff, V)
+                with torch.no_grad():
+                    ent = torch.stack([entropy_from_logits(row) for row in logits])
         pad = R - r_eff
         if pad:
             logp = torch.nn.functional.pad(logp, (0, pad))

@@ -55,6 +55,30 @@ def test_log_probs_match_unpadded_forward(local_worker_factory):
     torch.testing.assert_close(w.compute_ref_log_prob(batch).batch["ref_log_prob"], logp)
 
 
+def test_reported_entropy_row_by_row_equals_the_entropy_in_the_loss(local_worker_factory):
+    """The report-only entropy (entropy_coef 0) is computed row by row under no_grad to bound its
+    softmax temporaries; it must equal the batched entropy that joins the loss, and softmax's."""
+    w = local_worker_factory(WorkerSpec(model_name=MODEL, micro_batch_size=4))
+    batch = fixed_batch()
+    rows = slice(0, len(batch))
+    with torch.enable_grad():
+        _, in_loss = w._forward_logprobs(w.model, batch, rows, with_entropy=True, entropy_grad=True)
+        _, report = w._forward_logprobs(w.model, batch, rows, with_entropy=True, entropy_grad=False)
+    assert in_loss.requires_grad and not report.requires_grad
+    torch.testing.assert_close(report, in_loss.detach(), atol=1e-6, rtol=1e-6)
+    ids, attn, pos = batch.batch["input_ids"], batch.batch["attention_mask"], batch.batch["position_ids"]
+    p = ids.shape[1] - batch.batch["responses"].shape[1]
+    for i in range(len(batch)):
+        keep = attn[i].bool()
+        with torch.no_grad():
+            lg = w.model(input_ids=ids[i][keep][None], position_ids=pos[i][keep][None]).logits[0]
+        n_prompt, n_resp = int(attn[i, :p].sum()), int(attn[i, p:].sum())
+        probs = lg[n_prompt - 1:n_prompt - 1 + n_resp].softmax(-1)
+        expected = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+        torch.testing.assert_close(report[i, :n_resp], expected, atol=1e-4, rtol=1e-4)
+        assert (report[i, n_resp:] == 0).all()
+
+
 def test_update_on_fixed_batch_lowers_the_loss(local_worker_factory):
     w = local_worker_factory(WorkerSpec(model_name=MODEL, lr=1e-3, warmup_steps=0, micro_batch_size=2))
     batch = with_targets(w, fixed_batch(), [1.0, -1.0, 0.5, -0.5])
