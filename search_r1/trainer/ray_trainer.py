@@ -21,7 +21,6 @@ import dataclasses
 import json
 import logging
 import time
-from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,8 +30,9 @@ from tqdm import tqdm
 from verl import DataProto
 
 from search_r1.algos import broadcast_to_tokens, compute_grpo_advantages
+from search_r1.evaluation.metrics import OVERALL, aggregate, score_response
 from search_r1.data.dataset import repeat_interleave
-from search_r1.rewards import check_format_correctness, em_score, f1_score, get_reward_fn
+from search_r1.rewards import check_format_correctness, em_score, get_reward_fn
 from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager
 from search_r1.trainer.config import TrainConfig
 from search_r1.trainer.workers import WorkerGroupGenerator, arrange_for_dp, worker_seconds
@@ -266,28 +266,26 @@ class RayGRPOTrainer:
         bs = self.cfg.trainer.val_batch_size
         manager = LLMGenerationManager(self.tokenizer, self.generator, self.gen_config, self.search_engine,
                                        is_validation=True)
-        per_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        records = []
         t0 = time.perf_counter()
+        # leave=False: the bar disappears once done, the GRPO bar below it stays readable
+        bar = tqdm(total=n, desc="validation", unit="q", leave=False, dynamic_ncols=True)
         for start in range(0, n, bs):
             out = manager.run_llm_loop(ds.collate(list(range(start, min(start + bs, n)))))
+            bar.update(len(out))
             texts = self.response_texts(out)
             nt = out.non_tensor_batch
             for text, gold, source, searches in zip(texts, nt["golden_answers"], nt["data_source"],
                                                     out.meta_info["valid_search_stats"]):
                 gold = list(gold)
-                rec = per_source[str(source)]
-                rec["em"].append(em_score(text, gold))
-                rec["f1"].append(f1_score(text, gold))
-                rec["reward"].append(float(self.reward_fn(text, gold)))
-                rec["format_valid"].append(float(check_format_correctness(text) > 0))
-                rec["searches"].append(float(searches))
-        metrics: dict[str, float] = {}
-        totals: dict[str, list[float]] = defaultdict(list)
-        for source, rec in sorted(per_source.items()):
-            for k, v in rec.items():
-                metrics[f"val/{source}/{k}"] = _mean(v)
-                totals[k].extend(v)
-        metrics.update({f"val/{k}": _mean(v) for k, v in totals.items()})
+                # the eval CLI's scores; `reward` is the training reward (algorithm.reward), not the seed one
+                records.append({**score_response(text, gold), "data_source": str(source),
+                                "searches": float(searches), "reward": float(self.reward_fn(text, gold))})
+        bar.close()
+        agg = aggregate(records)
+        metrics: dict[str, float] = {f"val/{source}/{k}": v for source, stats in agg["per_source"].items()
+                                     for k, v in stats.items() if k != "n"}
+        metrics.update({f"val/{k}": v for k, v in agg[OVERALL].items() if k != "n"})
         metrics["val/n"] = float(n)
         metrics["timing/validate"] = time.perf_counter() - t0
         return metrics
