@@ -10,22 +10,24 @@
 # on the default world: 243 single-hop synth_nq, 192 two-hop synth_hotpotqa):
 #   1. generate the world and its BM25 index if needed; serve the index for the whole experiment;
 #   2. the supervised format warm-start (the trainer's own, cached; the same model GRPO starts from);
-#   3. GRPO from the warm-started model, once per seed in EXP_SEEDS (outputs: metrics.jsonl,
-#      training_curves.png and the final checkpoint in $EXP_OUT/grpo_seedS/);
+#   3. GRPO from the warm-started model on the world's 2,301 single-hop training questions (4 prompts
+#      x 4 samples per step, lr 3e-5, otherwise configs/grpo_cpu.yaml), once per seed in EXP_SEEDS
+#      (outputs: metrics.jsonl, training_curves.png and the final checkpoint in $EXP_OUT/grpo_seedS/);
 #   4. greedy evaluation (python -m search_r1.eval) of the test questions, per data_source, with the
 #      rollout limits of the training config: the warm-started model with --no-search, with --rag,
 #      with search (before GRPO), and every GRPO run with search (after GRPO);
 #   5. the comparison table (EM and F1 per source) and the spread of the after-GRPO runs, written
-#      to $EXP_OUT/comparison.md.
+#      to $EXP_OUT/comparison.md, and a figure, $EXP_OUT/comparison.png (scripts/plot_experiment.py).
 # Target (issue 10): after-GRPO EM beats before-GRPO and both baselines on single-hop questions by
 # more than the run-to-run spread of the after-GRPO runs. Step 5 prints whether it was met.
 #
-# Resources: 2 CPU cores, < 8 GB RAM, no GPU, no network. Budget: at most 90 minutes with the
-# defaults; an estimate, not yet measured end to end: warm-start ~1 min, GRPO ~40 s/step x 30 steps
-# x 2 seeds ~ 40 min, evaluation 5 runs x 435 questions at ~1-1.5 s each ~ 35-50 min (measured with
-# the warm-started SmolLM2 on 96 questions, 1 thread, a shared machine: no-search 0.97 s, RAG 1.5 s
-# per question). If it runs long, EXP_EVAL_LIMIT=300 or EXP_STEPS=20 shorten it.
-# Environment knobs: EXP_OUT (default outputs/experiment_cpu), EXP_SEEDS ("0 1"), EXP_STEPS (30),
+# Resources: 2 CPU cores, < 8 GB RAM, no GPU, no network. Budget: at most 90 minutes. Measured on
+# 2026-11-23 (2-core AMD EPYC, nothing else running), with the world, index and warm-start already
+# cached (about 2 minutes more on a first run): 88 min 10 s in all; GRPO 55 s/step x 20 steps x 2
+# seeds = 39 min; evaluation 49 min (no-search 3 min, RAG 6.5 min, before GRPO 10 min, each after-GRPO
+# run 13.5-14.5 min: 1.6-2.3 s per question against 1.4 s before GRPO, with responses of the same
+# length; not explained yet). EXP_EVAL_LIMIT=300 or EXP_STEPS=15 shorten it.
+# Environment knobs: EXP_OUT (default outputs/experiment_cpu), EXP_SEEDS ("0 1"), EXP_STEPS (20),
 # EXP_EVAL_LIMIT (0 = all test questions), EXP_EVAL_BATCH (32), EXP_EVAL_DTYPE (float32: bf16 measured slower for SmolLM2 generation on this CPU),
 # EXP_THREADS (2, torch threads of the evaluation), PYTHON.
 set -euo pipefail
@@ -38,15 +40,31 @@ export PYTHON HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=fal
 
 OUT="${EXP_OUT:-outputs/experiment_cpu}"
 SEEDS="${EXP_SEEDS:-0 1}"
-STEPS="${EXP_STEPS:-30}"
+STEPS="${EXP_STEPS:-20}"
 EVAL_LIMIT="${EXP_EVAL_LIMIT:-0}"
 EVAL_BATCH="${EXP_EVAL_BATCH:-32}"
 EVAL_DTYPE="${EXP_EVAL_DTYPE:-float32}"
 THREADS="${EXP_THREADS:-2}"
-# This experiment's GRPO settings; the command line's overrides come after them and win.
-OVERRIDES=(trainer.total_steps="$STEPS" trainer.val_before_train=false trainer.test_freq=0 data.val_size=8
-           trainer.save_freq=0 trainer.keep_last=1 "$@")
-mkdir -p "$OUT/eval"
+mkdir -p "$OUT/eval" "$OUT/data"
+# GRPO trains on the world's single-hop training questions: with rollout.max_turns=1 a two-hop
+# question cannot be answered, so its samples carry format reward only and dilute the answer signal.
+# The default world (seed 0, as in configs/grpo_cpu.yaml) is generated here when missing or stale.
+SYNTH_DIR="$("$PYTHON" -c 'from search_r1.paths import default_synth_dir; print(default_synth_dir())')"
+"$PYTHON" -m search_r1.data.synth --out "$SYNTH_DIR" --seed 0 --if-stale
+TRAIN_FILE="$OUT/data/train_single_hop.parquet"
+"$PYTHON" - "$SYNTH_DIR/train.parquet" "$TRAIN_FILE" <<'PY'
+import sys
+
+import pandas as pd
+
+frame = pd.read_parquet(sys.argv[1])
+frame[frame["data_source"] == "synth_nq"].to_parquet(sys.argv[2], index=False)
+PY
+# This experiment's GRPO settings (tried: see README "Does it learn?"); the command line's overrides
+# come after them and win.
+OVERRIDES=(trainer.total_steps="$STEPS" "data.train_files=['$TRAIN_FILE']" trainer.batch_size=4
+           trainer.mini_batch_size=4 optim.lr=3e-5 trainer.val_before_train=false trainer.test_freq=0
+           data.val_size=8 trainer.save_freq=0 trainer.keep_last=1 "$@")
 start_all=$SECONDS
 phase() { echo; echo "[experiment] $* ($(( (SECONDS - start_all) / 60 )) min $(( (SECONDS - start_all) % 60 )) s)"; }
 
@@ -193,5 +211,7 @@ if single in sources and after:
 PY
   echo
   for seed in $SEEDS; do echo "- training curves (seed $seed): $OUT/grpo_seed$seed/training_curves.png"; done
+  echo "- the figure (training reward and EM per seed, held-out EM per setting): $OUT/comparison.png"
 } | tee "$OUT/comparison.md"
+"$PYTHON" scripts/plot_experiment.py "$OUT"
 phase "done: $OUT/comparison.md"
