@@ -38,18 +38,19 @@ def main() -> None:
         seed = path.parent.name.removeprefix("grpo_")
         axes[0].plot(steps, [r["reward/mean"] for r in rows], marker=".", label=seed)
         axes[1].plot(steps, [r["reward/em"] for r in rows], marker=".", label=seed)
-    axes[0].set(title="training reward (seed reward, 4 prompts x 4 samples)", xlabel="GRPO step")
-    axes[1].set(title="training exact match (sampled, T=1)", xlabel="GRPO step")
+    axes[0].set(title="training reward per step (sampled, T=1)", xlabel="GRPO step")
+    axes[1].set(title="training exact match per step (sampled, T=1)", xlabel="GRPO step")
     names = [n for n in ORDER if n in evals] + sorted(n for n in evals if n not in ORDER)
     sources = sorted({s for m in evals.values() for s in m["per_source"]})
     width = 0.8 / len(sources)
+    counts = next(iter(evals.values()))["per_source"]
     for i, source in enumerate(sources):
         values = [evals[n]["per_source"].get(source, {}).get("em", 0.0) for n in names]
-        bars = axes[2].bar([j + i * width for j in range(len(names))], values, width, label=source)
+        bars = axes[2].bar([j + i * width for j in range(len(names))], values, width,
+                           label=f"{source} (n={counts.get(source, {}).get('n', '?')})")
         axes[2].bar_label(bars, fmt="%.3f", fontsize=7)
     axes[2].set_xticks([j + width * (len(sources) - 1) / 2 for j in range(len(names))], names, rotation=20)
-    n = next(iter(evals.values()))["per_source"]
-    axes[2].set(title="held-out EM, greedy (" + ", ".join(f"{s} n={n[s]['n']}" for s in sources) + ")")
+    axes[2].set(title="held-out exact match, greedy")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
