@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from search_r1.dtypes import DTYPE_CHOICES, resolve_dtype
 from search_r1.evaluation.metrics import aggregate, score_response
 
 log = logging.getLogger("search_r1.eval")
@@ -76,7 +77,7 @@ class EvalConfig:
     max_response_length: int = 500
     max_obs_length: int = 500
     max_tokens_per_turn: int | None = None
-    dtype: str = "float32"
+    dtype: str = "auto"
     threads: int | None = None
     overwrite: bool = False
     progress: bool = True
@@ -94,8 +95,8 @@ class EvalConfig:
             raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.protocol not in ("auto", "tags", "tool_call"):
             raise ValueError(f"--protocol {self.protocol!r}; choose auto, tags or tool_call")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"--dtype {self.dtype!r}; choose float32 or bfloat16")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"--dtype {self.dtype!r}; choose one of {list(DTYPE_CHOICES)}")
         if self.retriever_urls and self.retriever_index:
             raise ValueError("pass either --retriever-url or --retriever-index, not both")
 
@@ -314,7 +315,7 @@ def _load_generator(cfg: EvalConfig):
         generator = OpenAIGenerator(cfg.base_url, cfg.model, tokenizer=tokenizer,
                                     api_key=os.environ.get(cfg.api_key_env))
         return generator, tokenizer
-    dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+    dtype = torch.bfloat16 if resolve_dtype(cfg.dtype, "rollout", "--dtype") == "bfloat16" else torch.float32
     model, tokenizer = load_model_and_tokenizer(resolve_model_dir(cfg.model), dtype=dtype)
     return HFGenerator(model, tokenizer), tokenizer
 

@@ -23,12 +23,13 @@ from typing import Any
 
 from search_r1.algos import AGG_MODES as _ALGO_AGG_MODES
 from search_r1.algos import KL_ESTIMATORS, ROLLOUT_IS_LEVELS, STD_MODES
+from search_r1.dtypes import DTYPE_CHOICES
 from search_r1.rewards import REWARD_FNS
 
 # The trainer's Hydra configs, inside the package so an installed (non-editable) copy has them.
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 AUTO = "auto"
-DTYPES = ("float32", "bfloat16")
+DTYPES = DTYPE_CHOICES  # auto | float32 | bfloat16 (auto: search_r1.dtypes measures this CPU)
 # The workers normalise the loss by a global token or sequence count, so the *-sum modes are not offered.
 AGG_MODES = tuple(m for m in _ALGO_AGG_MODES if not m.endswith("-sum"))
 KL_TYPES = tuple(KL_ESTIMATORS)
@@ -61,12 +62,13 @@ class ModelConfig:
     # Model alias (`smollm2-135m-instruct`, `tiny-random-qwen3`) or a local HF directory.
     name: str = "smollm2-135m-instruct"
     # Matmul precision of log-prob and update passes: float32, or bfloat16 autocast (fp32 master
-    # weights and optimizer; about 2x faster forward on CPUs with AMX/AVX512-BF16).
-    compute_dtype: str = "bfloat16"
+    # weights and optimizer; about 2x faster forward on CPUs with AMX/AVX512-BF16, ~50x slower on
+    # AVX2-only CPUs); auto = bfloat16 only where this CPU runs it clearly faster (search_r1.dtypes).
+    compute_dtype: str = "auto"
     # Weights used for sampling: float32 (the policy itself) or bfloat16 (a copy of the policy,
-    # re-synced after every update; about 2x faster decoding on CPU). Old log-probs are always
-    # recomputed with the training weights, so the PPO ratio is unaffected.
-    rollout_dtype: str = "bfloat16"
+    # re-synced after every update); auto as for compute_dtype, timed at a decoding shape. Old
+    # log-probs are always recomputed with the training weights, so the PPO ratio is unaffected.
+    rollout_dtype: str = "auto"
 
     def __post_init__(self):
         if not self.name:
