@@ -322,7 +322,7 @@ def _load_generator(cfg: EvalConfig):
 
 def _baseline_prompts(cfg: EvalConfig, tokenizer, batch: list[Example], engine) -> tuple[list[list[int]], list]:
     """Prompt ids of the no-search / RAG baselines and the RAG context (None for no-search)."""
-    from search_r1.prompts import apply_chat_template, baseline_messages
+    from search_r1.prompts import apply_chat_template, baseline_messages, rag_documents
 
     missing = [ex.id for ex in batch if not ex.question]
     if missing:
@@ -330,12 +330,7 @@ def _baseline_prompts(cfg: EvalConfig, tokenizer, batch: list[Example], engine) 
                          f"no 'Question: ...' in the prompt); the {cfg.mode} baseline needs it")
     contexts: list = [None] * len(batch)
     if cfg.mode == "rag":
-        docs = engine.batch_search([ex.question for ex in batch])
-        # The same token budget a search observation gets in the search mode.
-        contexts = []
-        for d in docs:
-            ids = tokenizer(d, add_special_tokens=False)["input_ids"]
-            contexts.append(d if len(ids) <= cfg.max_obs_length else tokenizer.decode(ids[: cfg.max_obs_length]) + "\n")
+        contexts = rag_documents(tokenizer, engine.batch_search([ex.question for ex in batch]), cfg.max_obs_length)
     prompts = [apply_chat_template(tokenizer, baseline_messages(ex.question, c)) for ex, c in zip(batch, contexts)]
     return prompts, contexts
 

@@ -34,6 +34,7 @@ DTYPES = DTYPE_CHOICES  # auto | float32 | bfloat16 (auto: search_r1.dtypes meas
 AGG_MODES = tuple(m for m in _ALGO_AGG_MODES if not m.endswith("-sum"))
 KL_TYPES = tuple(KL_ESTIMATORS)
 PROTOCOLS = ("tags", "tool_call")
+WARMSTART_FORMATS = ("search", "no_search", "rag")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 
@@ -308,8 +309,14 @@ class WarmstartConfig:
     batch_size: int = 4
     # AdamW learning rate (constant, no weight decay).
     lr: float = 1.0e-4
-    # Demonstrations built from single-hop train questions (fewer if not enough qualify).
+    # Demonstrations built from train questions (fewer if not enough qualify).
     n_examples: int = 96
+    # Share of two-hop questions among them (search format: they search twice, so rollout.max_turns
+    # must be >= 2); the rest are single-hop.
+    two_hop_share: float = 0.0
+    # Response format taught: search (the protocol of data.protocol) | no_search | rag (the eval's
+    # --no-search / --rag baselines, each warm-started in its own format).
+    format: str = "search"
     # Seed of demonstration choice, batch order and torch.
     seed: int = 0
 
@@ -317,6 +324,8 @@ class WarmstartConfig:
         for key in ("steps", "batch_size", "n_examples"):
             _check_range(f"warmstart.{key}", getattr(self, key), 1)
         _check_range("warmstart.lr", self.lr, 0, lo_open=True)
+        _check_range("warmstart.two_hop_share", self.two_hop_share, 0.0, 1.0)
+        _check_choice("warmstart.format", self.format, WARMSTART_FORMATS)
 
 
 SECTIONS = {
@@ -349,6 +358,11 @@ class TrainConfig:
             raise _fail("trainer.n_workers", t.n_workers,
                         f"a divisor of mini_batch_size * rollout.n = {t.mini_batch_size * n}",
                         "change trainer.n_workers, trainer.mini_batch_size or rollout.n")
+        w = self.warmstart
+        if w.enabled and w.format == "search" and w.two_hop_share > 0 and self.rollout.max_turns < 2:
+            raise _fail("warmstart.two_hop_share", w.two_hop_share,
+                        f"0 when rollout.max_turns < 2 (it is {self.rollout.max_turns}): two-hop demonstrations "
+                        f"search twice", "set rollout.max_turns=2 or warmstart.two_hop_share=0")
         if self.rollout.max_start_length < self.data.max_prompt_length:
             raise _fail("rollout.max_start_length", self.rollout.max_start_length,
                         f">= data.max_prompt_length ({self.data.max_prompt_length})",
