@@ -14,7 +14,8 @@ of the same size and recipe in its own format:
     single-hop:  <think> Look up {subject}. </think>\n<search> {question} </search>     <- policy
                  \n\n<information>{real retrieved passages}</information>\n\n        <- environment
                  <think> The passages give the answer. </think>\n<answer> {gold} </answer><|im_end|>
-    two-hop:     the first turn as above; then, from the passages naming the bridge entity,
+    two-hop:     <think> Two steps: first look up {subject}. </think>\n<search> {question} </search>, the
+                 passages; then, from the passages naming the bridge entity,
                  <think> Now look up {bridge}. </think>\n<search> {follow-up question} </search>
                  \n\n<information>...</information>\n\n, then the answer turn
   no_search:   the eval's no-search prompt -> <think> I answer from what I know. </think>\n<answer> {gold} </answer>
@@ -59,6 +60,11 @@ FORMAT_VERSION = 2
 MICRO_BATCH = 2  # rows per forward/backward: ~0.8 GB of activations each for SmolLM2 at ~300 tokens
 FORMATS = ("search", "no_search", "rag")
 THINK_FIRST = "<think> Look up {subject}. </think>\n"
+# A two-hop plan is stated in the first thought, where the question's wording decides it, so the second
+# turn conditions on the model's own words rather than on a distant question (measured on dev: with
+# the single-hop first thought for both kinds, the warm-started model searched twice on 18 of 19
+# single-hop questions).
+THINK_FIRST_TWO_HOP = "<think> Two steps: first look up {subject}. </think>\n"
 THINK_BRIDGE = "<think> Now look up {bridge}. </think>\n"
 THINK_ANSWER = {"search": "<think> The passages give the answer. </think>\n",
                 "no_search": "<think> I answer from what I know. </think>\n",
@@ -167,8 +173,8 @@ class _DemoWriter:
             second_rows = [i for i, r in enumerate(rows) if r["hops"] == 2]
             second = dict(zip(second_rows, self.observe([rows[i]["follow_up"] for i in second_rows])))
             for i, r in enumerate(rows):
-                parts[i] = [THINK_FIRST.format(subject=r["subject"]) + search_action(r["question"], self.protocol),
-                            first[i]]
+                think = THINK_FIRST_TWO_HOP if r["hops"] == 2 else THINK_FIRST
+                parts[i] = [think.format(subject=r["subject"]) + search_action(r["question"], self.protocol), first[i]]
                 if r["hops"] == 2:
                     parts[i] += [THINK_BRIDGE.format(bridge=r["bridge"]) + search_action(r["follow_up"], self.protocol),
                                  second[i]]
