@@ -3,8 +3,9 @@
     python -m search_r1.data.splits --train data/world/train.parquet --per-source 100 --out data/world_dev
     -> data/world_dev/train.parquet (the training questions minus dev) and data/world_dev/dev.parquet
 
-Dev rows are `per_source` rows of every data_source, drawn with a seeded shuffle, so a recipe chosen on
-dev is judged on the same mix of single- and two-hop questions as the test split. The two outputs are
+Dev rows are `per_source` rows of every data_source, drawn with a seeded shuffle and interleaved by
+source, so a recipe chosen on dev (or on its first N rows) is judged on a balanced mix of single- and
+two-hop questions. The two outputs are
 disjoint and together hold every training row once. Re-running with the same inputs rewrites nothing
 (a `split.json` records the source file's size and mtime and the settings); both files are written to
 temporary names and renamed into place.
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 META = "split.json"
+FORMAT_VERSION = 2  # bumped when the draw or the row order changes, so older splits are carved again
 
 
 def carve_dev(train_file, out_dir, per_source: int, seed: int = 0) -> tuple[Path, Path]:
@@ -32,7 +34,7 @@ def carve_dev(train_file, out_dir, per_source: int, seed: int = 0) -> tuple[Path
     if per_source < 1:
         raise ValueError(f"--per-source {per_source}: allowed >= 1")
     stat = train_file.stat()
-    meta = {"source": str(train_file.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+    meta = {"version": FORMAT_VERSION, "source": str(train_file.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
             "per_source": per_source, "seed": seed}
     rest_path, dev_path = out / "train.parquet", out / "dev.parquet"
     try:
@@ -47,9 +49,11 @@ def carve_dev(train_file, out_dir, per_source: int, seed: int = 0) -> tuple[Path
         raise ValueError(f"data_source(s) {short} have no more than --per-source={per_source} rows, so training "
                          f"would lose them. Fix: lower --per-source")
     shuffled = frame.sample(frac=1.0, random_state=seed)
-    dev_index = shuffled.groupby("data_source", sort=True).head(per_source).index
-    dev = frame.loc[sorted(dev_index)]
-    rest = frame.drop(index=dev_index)
+    picked = shuffled.groupby("data_source", sort=True).head(per_source)
+    # Sources interleaved (a, b, a, b, ...), so any prefix of dev (data.val_size=N) is balanced too.
+    rank = picked.groupby("data_source", sort=True).cumcount()
+    dev = picked.assign(_rank=rank.values).sort_values(["_rank", "data_source"], kind="stable").drop(columns="_rank")
+    rest = frame.drop(index=picked.index)
     out.mkdir(parents=True, exist_ok=True)
     for part, path in ((rest, rest_path), (dev, dev_path)):
         tmp = path.with_suffix(f".tmp{os.getpid()}")
