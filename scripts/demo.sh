@@ -36,21 +36,13 @@ fi
 # single-hop EM from 0.576 to 0.64-0.66 there, at the demo's 2 prompts x 4 samples per step.
 # Validation: 64 single-hop test questions (greedy, before and after training, two batches of 32);
 # one question moves EM by 0.016 (binomial standard error ~0.06 at EM 0.58).
-TRAIN_FILE=outputs/demo_data/train_single_hop.parquet
-VAL_FILE=outputs/demo_data/test_single_hop.parquet
-"$PYTHON" - "$SYNTH_DIR" "$TRAIN_FILE" "$VAL_FILE" <<'PY'
-import pathlib, sys
-
-import pandas as pd
-
-world, train, test = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
-train.parent.mkdir(parents=True, exist_ok=True)
-for split, out in (("train", train), ("test", test)):
-    frame = pd.read_parquet(world / f"{split}.parquet")
-    frame[frame["data_source"] == "synth_nq"].to_parquet(out, index=False)
-PY
-DEMO=("data.train_files=['$TRAIN_FILE']" optim.lr=3e-5
-      "data.test_files=['$VAL_FILE']" data.val_size=64 trainer.val_batch_size=32 trainer.test_freq=0)
+# Training and validation data: a dev split carved from the world's training questions (100 per
+# data_source, the same split scripts/experiment_cpu.sh uses; search_r1.data.splits), GRPO on the rest.
+# Validation: the first 64 dev questions (32 single-hop, 32 two-hop; greedy, before and after
+# training); one question moves EM by 0.016. The test split is left to the experiment.
+"$PYTHON" -m search_r1.data.splits --train "$SYNTH_DIR/train.parquet" --out outputs/demo_data --per-source 100
+DEMO=("data.train_files=['outputs/demo_data/train.parquet']" "data.test_files=['outputs/demo_data/dev.parquet']"
+      data.val_size=64 trainer.val_batch_size=32 trainer.test_freq=0 trainer.total_steps="${DEMO_STEPS:-10}")
 echo "[demo] GRPO on CPU: configs/grpo_cpu.yaml, output in outputs/demo"
 start=$SECONDS
 SEARCH_R1_FORCE_CPU=1 bash scripts/train_grpo.sh trainer.experiment_name=demo trainer.resume=none "${DEMO[@]}" "$@"
@@ -60,8 +52,10 @@ import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if '"val/n"' in line]
 if len(rows) >= 2:
     first, last = rows[0], rows[-1]
-    print(f"[demo] validation on {int(first['val/n'])} single-hop test questions, step {first['step']} -> {last['step']}:")
-    for key in ("em", "f1", "format_valid", "searches"):
-        print(f"[demo]   {key:<13} {first.get('val/' + key, float('nan')):.3f} -> {last.get('val/' + key, float('nan')):.3f}")
+    print(f"[demo] greedy validation on {int(first['val/n'])} dev questions, step {first['step']} -> {last['step']}:")
+    for key, label in (("em", "EM"), ("synth_nq/em", "EM single-hop"), ("synth_hotpotqa/em", "EM two-hop"),
+                       ("f1", "F1"), ("format_valid", "format valid"), ("searches", "searches"),
+                       ("synth_hotpotqa/searches", "searches two-hop")):
+        print(f"[demo]   {label:<17} {first.get('val/' + key, float('nan')):.3f} -> {last.get('val/' + key, float('nan')):.3f}")
 PY
 echo "[demo] finished in $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s"
