@@ -149,6 +149,26 @@ def test_script_routes_each_case(tmp_path):
     assert route(tmp_path, "--config-name=grpo_verl_cpu", gpus=2) == ["-m", "verl_ext.main", "--config-name=grpo_verl_cpu"]
 
 
+def test_offline_mode_only_on_the_cpu_paths(tmp_path):
+    """A fresh GPU node must download grpo_verl's hub model: the script sets the HF offline switches
+    for the CPU paths only, and never overrides the user's own setting."""
+    python = _stub(tmp_path / "python", 'if [[ "$1" == "-c" ]]; then echo 0; exit 0; fi; '
+                                        'echo "hub=${HF_HUB_OFFLINE:-unset} tf=${TRANSFORMERS_OFFLINE:-unset}"\n')
+
+    def env_seen(*args, **extra):
+        env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                                                                  "SEARCH_R1_FORCE_CPU")}
+        env.update(PYTHON=str(python), PATH=f"{tmp_path}:{os.environ['PATH']}", **extra)
+        return subprocess.run(["bash", str(REPO / "scripts" / "train_grpo.sh"), *args], env=env,
+                              capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+
+    assert env_seen("--config-name", "grpo_verl") == "hub=unset tf=unset"
+    assert env_seen("--dry-run", "--config-name", "grpo_verl") == "hub=unset tf=unset"
+    assert env_seen("--config-name", "grpo_verl_cpu") == "hub=1 tf=1"
+    assert env_seen("trainer.total_steps=5") == "hub=1 tf=1"  # no GPU here: the embedded CPU trainer
+    assert env_seen("trainer.total_steps=5", HF_HUB_OFFLINE="0") == "hub=0 tf=1"
+
+
 def test_dry_run_prints_the_resolved_config_and_the_recipe_card_on_this_machine():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}
     env.pop("SEARCH_R1_FORCE_CPU", None)
