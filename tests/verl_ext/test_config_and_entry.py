@@ -76,7 +76,7 @@ def test_every_field_has_a_comment_above_it(path):
     ({"search_r1__max_obs_length": 0}, r"max_obs_length must be an int >= 1.*search_r1.max_obs_length"),
     ({"search_r1__protocol": "json"}, r"allowed values: \['tags', 'tool_call'\]"),
     ({"data__max_response_length": 10, "search_r1__max_context_length": 20},
-     r"max_start_length \(2048\) must not exceed max_prompt_length \(20\).*actor_rollout_ref.rollout.prompt_length"),
+     r"max_start_length \(2048\) must be less than max_prompt_length \(20\).*actor_rollout_ref.rollout.prompt_length"),
     ({"algorithm__adv_estimator": "grpoo"}, r"algorithm.adv_estimator='grpoo' is not registered.*'search_r1_grpo'"),
     ({"trainer__v1__trainer_mode": "fast"}, r"trainer.v1.trainer_mode='fast' is not registered.*'search_r1', 'separate_async', 'sync'"),
     ({"actor_rollout_ref__rollout__agent__default_agent_loop": "search"}, r"default_agent_loop='search'.*'search_r1'"),
@@ -173,7 +173,8 @@ def test_dry_run_prints_the_resolved_config_and_the_recipe_card_on_this_machine(
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}
     env.pop("SEARCH_R1_FORCE_CPU", None)
     out = subprocess.run(["bash", str(REPO / "scripts" / "train_grpo.sh"), "--dry-run", "--config-name", "grpo_verl",
-                          "actor_rollout_ref.rollout.n=3", "search_r1.max_turns=4"],
+                          "actor_rollout_ref.rollout.n=3", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=6",
+                          "search_r1.max_turns=4"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     config, card = out.stdout.split(CARD_RULE + "\n")
@@ -182,9 +183,10 @@ def test_dry_run_prints_the_resolved_config_and_the_recipe_card_on_this_machine(
     assert printed.actor_rollout_ref.rollout.prompt_length == 2048  # interpolations resolved
     assert "does not exist" in out.stderr  # the default data paths are missing here: a warning only
     # the card, after the checks, from this composed config: n=3 -> 480 x 3 = 1440 trajectories,
-    # 48 x 3 = 144 per update, 10 updates; 4 search turns
+    # 48 x 3 = 144 per update, 10 updates, 144 / 8 GPUs = 18 per GPU in 3 micro-batches of 6; 4 search turns
     assert card.startswith("Recipe card: grpo_verl on 8 GPUs")
     lines = {line[:40].strip(): line[40:] for line in card.splitlines()}
     assert lines["trajectories per step"].split()[:2] == ["1440", "*"]
     assert lines["optimizer updates per step"].split() == ["10", "10"]
+    assert lines["micro-batches per GPU per update"].startswith("3 x 6 trajectories (8 GPUs)")
     assert lines["turns"].startswith("4 with search + 1 final")
