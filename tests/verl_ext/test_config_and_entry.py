@@ -107,6 +107,19 @@ def test_real_run_checks_data_files_and_retriever(tmp_path, retriever_server, mo
         check_config(verl_config(data__train_files=str(data), data__val_files=str(data)))
 
 
+def test_retriever_check_sends_retriever_api_key(tmp_path, retriever_server, start_retriever, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # past the GPU check: no GPU here
+    monkeypatch.delenv("RETRIEVER_API_KEY", raising=False)
+    server = start_retriever(retriever_server.index_dir, api_key="s3cret")
+    data = tmp_path / "d.parquet"
+    data.write_bytes(b"")
+    cfg = verl_config(data__train_files=str(data), data__val_files=str(data), search_r1__retriever__urls=[server.url])
+    with pytest.raises(ConfigError, match=r"HTTP 401 \(no key sent\).*RETRIEVER_API_KEY"):
+        check_config(cfg)
+    monkeypatch.setenv("RETRIEVER_API_KEY", "s3cret")  # what the agent loop's RetrieverClient sends
+    assert check_config(cfg) == []
+
+
 # -- scripts/train_grpo.sh routing ----------------------------------------------------------------
 def _stub(path, body):
     path.write_text("#!/usr/bin/env bash\n" + body)
