@@ -51,6 +51,9 @@ class SearchR1Config:
     # Base URL of the OpenAI-compatible server ("http://host:port", ".../v1", or the full
     # ".../v1/completions" / ".../v1/chat/completions").
     openai_base_url: str = "https://api.openai.com/v1"
+    # Send openai_api_key over plain http to a non-loopback host (a server on a network you trust).
+    # Off: such a URL is refused while a key is set (the key would cross the network in clear).
+    openai_allow_insecure_http: bool = False
     # Policy weights: an alias (`smollm2-135m-instruct`, `tiny-random-qwen3`), an HF directory or a
     # .gguf file (see search_r1.models); with use_openai, only its tokenizer is used.
     model_name_or_path: str = "smollm2-135m-instruct"

@@ -126,10 +126,12 @@ class GRPOTrainer:
             self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model_name_or_path)
             if cfg.resolved_openai_api == "chat":
                 self.generator = OpenAIChatGenerator(cfg.openai_base_url, cfg.openai_model, self.tokenizer,
-                                                     api_key=cfg.openai_api_key or None)
+                                                     api_key=cfg.openai_api_key or None,
+                                                     allow_insecure_http=cfg.openai_allow_insecure_http)
             else:
                 self.generator = OpenAIGenerator(cfg.openai_base_url, cfg.openai_model, tokenizer=self.tokenizer,
-                                                 api_key=cfg.openai_api_key or None)
+                                                 api_key=cfg.openai_api_key or None,
+                                                 allow_insecure_http=cfg.openai_allow_insecure_http)
         else:
             if (model is None) != (tokenizer is None):
                 raise ValueError("pass both model= and tokenizer= (or neither, to load config.model_name_or_path)")
