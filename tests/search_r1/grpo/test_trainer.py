@@ -200,6 +200,19 @@ def test_float16_trains_float32_master_weights_under_autocast():
     assert {p.dtype for p in trainer.model.parameters()} == {torch.float32} and trainer.scaler.is_enabled()
 
 
+def test_prompt_longer_than_max_prompt_length_keeps_its_last_tokens():
+    model, tokenizer = load_model_and_tokenizer("tiny-random-qwen3")
+    trainer = GRPOTrainer(tiny_config(max_prompt_length=40), search_engine=MockSearchEngine({}), model=model,
+                          tokenizer=tokenizer)
+    full = trainer.prompt_ids(QUERIES[0])
+    assert len(full) > 40
+    [t] = trainer.rollout([QUERIES[0]], max_tokens=6)
+    assert t.full_input_ids[:40] == full[-40:] and len(t.token_steps) == 6
+    assert [s.position for s in t.token_steps] == list(range(40, 46))
+    # the trajectory is the sequence that was sampled: teacher forcing reproduces its log-probs
+    assert torch.allclose(trainer.recompute_log_probs([t])[0], torch.tensor(t.old_log_probs), atol=1e-4)
+
+
 def test_no_retriever_at_the_configured_url_fails_at_construction(retriever_server, start_retriever, monkeypatch):
     """search_backend=retriever with nothing at retriever_url: an error naming the fixes, not a run
     that trains on "search failed" observations."""
