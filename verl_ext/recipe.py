@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from types import SimpleNamespace
 from omegaconf import DictConfig, OmegaConf
 
 CARD_FILE = "recipe_card.txt"
+WRAP = 110  # column of the card's prose lines
 # The config whose deliberate differences DECLARED lists.
 SHIPPED = "grpo_verl"
 UPSTREAM_GPUS = 8
@@ -93,7 +95,7 @@ UPSTREAM: dict[str, str] = {
     "response_tokens": "2500",
     "context_tokens": "4096",
     "kl": "low_var_kl (K3) in the loss, coef 0.001",
-    "loss_agg": "token-mean per micro-batch, averaged over micro-batches",
+    "loss_agg": "mean of per-micro-batch token-means",
     "advantage": UNBIASED,
     "clip": "ratio in [0.8, 1.2], no dual-clip",
     "entropy": "0.001",
@@ -102,7 +104,7 @@ UPSTREAM: dict[str, str] = {
     "grad_clip": "1.0",
     "sampling": "temperature 1.0, top_p 0.95, top_k -1",
     "validation": "sampled: temperature 1.0, top_p 0.95",
-    "steps": "1005; validate before training and every 50; save every 100",
+    "steps": "1005; validate at 0 and every 50; save every 100",
     "topk": "3",
 }
 
@@ -365,7 +367,7 @@ def _algorithm(config: DictConfig) -> dict[str, str]:
 
     total = trainer.total_training_steps
     val = rollout.val_kwargs
-    steps = f"{total}; validate {'before training and ' if trainer.val_before_train else ''}every " \
+    steps = f"{total}; validate {'at 0 and ' if trainer.val_before_train else ''}every " \
             f"{trainer.test_freq}; save every {trainer.save_freq}"
     return {
         "kl": "; ".join(kl) or "none",
@@ -410,10 +412,12 @@ def format_card(lines: list[Line], source: str, n_gpus: int) -> str:
         out.append(f"Deliberate differences of configs/{SHIPPED}.yaml:")
         for d in declared:
             switch = f" Switch: {d.switch}." if d.switch else " No verl 0.9.1 setting gives upstream's."
-            out.append(f"  - {', '.join(labels[k] for k in d.keys if k in differing)}: {d.why}.{switch}")
+            text = f"- {', '.join(labels[k] for k in d.keys if k in differing)}: {d.why}.{switch}"
+            out.append(textwrap.fill(text, WRAP, initial_indent="  ", subsequent_indent="    "))
     other = sorted(differing - {k for d in declared for k in d.keys}, key=[k for k, _ in LINES].index)
     if other:
-        out.append("Other differences (overrides or another config): " + ", ".join(labels[k] for k in other))
+        out.append(textwrap.fill("Other differences (overrides or another config): "
+                                 + ", ".join(labels[k] for k in other), WRAP, subsequent_indent="  "))
     return "\n".join(out)
 
 
