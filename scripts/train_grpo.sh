@@ -20,15 +20,21 @@
 # --dry-run: verl path: run the config checks and print the resolved config; CPU path: print the
 # resolved config (Hydra's --cfg job --resolve). Nothing starts either way.
 # Environment: PYTHON (default: ./.venv/bin/python if present, else python3); SEARCH_R1_FORCE_CPU=1
-# runs the embedded CPU trainer even when a GPU is visible.
+# runs the embedded CPU trainer even when a GPU is visible. The CPU paths (the embedded trainer and the
+# grpo_verl*_cpu configs) load local models only and run with HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# unless you set them; the GPU path leaves them alone, so a hub id such as grpo_verl's
+# Qwen/Qwen2.5-3B-Instruct downloads on a fresh node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
-export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TRANSFORMERS_OFFLINE="${TRANSFORMERS_OFFLINE:-1}"
 export TOKENIZERS_PARALLELISM=false
+
+offline() {  # the CPU paths never reach a model hub; an explicit setting of the user's wins
+  export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TRANSFORMERS_OFFLINE="${TRANSFORMERS_OFFLINE:-1}"
+}
 
 gpu_count() {
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -65,7 +71,7 @@ fi
 
 if [[ "$verl" == "1" ]]; then
   # *_cpu configs run verl's trainer on verl_ext/cpu's platform; verl resolves it at import time.
-  if [[ "$config_name" == *_cpu ]]; then export VERL_PLATFORM="${VERL_PLATFORM:-cpu}"; fi
+  if [[ "$config_name" == *_cpu ]]; then export VERL_PLATFORM="${VERL_PLATFORM:-cpu}"; offline; fi
   if [[ "$n_gpus" -gt 0 && "$has_gpus_key" == "0" && "$config_name" != *_cpu ]]; then
     args+=("trainer.n_gpus_per_node=$n_gpus")
     echo "[train_grpo] $n_gpus GPU(s) visible: verl's trainer with trainer.n_gpus_per_node=$n_gpus" >&2
@@ -76,6 +82,7 @@ if [[ "$verl" == "1" ]]; then
   exec "$PYTHON" -m verl_ext.main "${args[@]}"
 fi
 
+offline
 if [[ "$dry_run" == "1" ]]; then
   exec "$PYTHON" -m search_r1.trainer.main --cfg job --resolve "${args[@]}"
 fi

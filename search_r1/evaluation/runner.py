@@ -10,8 +10,10 @@ scores with the training metric functions (`evaluation.metrics.score_response`).
 
 Output directory: `predictions.jsonl` (one line per question, appended after every batch, so an
 interrupted run resumes where it stopped: ids already there are skipped), `run_config.json` (the
-settings the predictions belong to; a resume with other settings is refused) and `results.json`
-(metrics per data_source and overall, the settings, timing).
+settings the predictions belong to, and what they resolved to: the model's weights, tokenizer,
+template, data and retriever, `evaluation.identity`; a resume with other settings, or after the
+checkpoint behind --model changed, is refused) and `results.json` (metrics per data_source and
+overall, the settings, timing).
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ class EvalConfig:
     retriever_urls / retriever_index: the retriever (URLs of running servers, or an index directory
         served for this run on a free loopback port); needed by search and rag.
     base_url: an OpenAI-compatible server (`vllm serve`); tokenizer: its tokenizer (default: model).
+    allow_insecure_http: send the API key over plain http to a non-loopback base_url.
     limit / limit_per_source: evaluate the first N questions (overall / per data_source) of a
         seeded shuffle (seed); None = all.
     batch_size: questions per run_llm_loop call. protocol: tags | tool_call | auto (from the prompt).
@@ -64,6 +67,7 @@ class EvalConfig:
     base_url: str | None = None
     tokenizer: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
+    allow_insecure_http: bool = False
     name: str | None = None
     limit: int | None = None
     limit_per_source: int | None = None
@@ -240,8 +244,22 @@ def read_predictions(path: Path) -> dict[str, dict]:
     return done
 
 
-def _prepare_out_dir(cfg: EvalConfig) -> dict[str, dict]:
-    """Create the output dir; return the predictions to reuse (after checking they match cfg)."""
+def _changes(saved, now, key: str = "") -> dict:
+    """Dotted key -> (saved, now) for every leaf that differs (hashes shortened for the message)."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        out = {}
+        for k in dict.fromkeys([*saved, *now]):
+            out.update(_changes(saved.get(k), now.get(k), f"{key}.{k}" if key else str(k)))
+        return out
+    if saved == now:
+        return {}
+    short = [v[:12] if isinstance(v, str) and len(v) == 64 and key.endswith("sha256") else v for v in (saved, now)]
+    return {key: tuple(short)}
+
+
+def _prepare_out_dir(cfg: EvalConfig, identity: dict) -> dict[str, dict]:
+    """Return the predictions to reuse, after checking they were made with cfg's settings and the
+    same resolved model, tokenizer, template, data and retriever (`identity`)."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     preds, run_cfg = out / PREDICTIONS, out / RUN_CONFIG
@@ -249,19 +267,21 @@ def _prepare_out_dir(cfg: EvalConfig) -> dict[str, dict]:
         preds.unlink(missing_ok=True)
         (out / RESULTS).unlink(missing_ok=True)
     done = read_predictions(preds)
-    if done and run_cfg.is_file():
-        saved = json.loads(run_cfg.read_text())
-        mine = json.loads(json.dumps(cfg.resume_view()))  # tuples -> lists, as saved
-        diff = {k: (saved.get(k), mine[k]) for k in mine if saved.get(k) != mine[k]}
-        if diff:
-            raise ValueError(f"{out} holds predictions made with other settings {diff} (saved, now); "
-                             f"use another --out, or --overwrite to discard them")
+    mine = json.loads(json.dumps({**cfg.resume_view(), "resolved": identity}))  # tuples -> lists, as saved
     if done:
+        saved = json.loads(run_cfg.read_text()) if run_cfg.is_file() else {}
+        diff = _changes({k: saved.get(k) for k in mine}, mine)
+        if diff:
+            raise ValueError(f"{out} holds predictions made with other settings or another model, tokenizer, "
+                             f"template, data or retriever: {diff} (saved, now). Fix: use another --out, or "
+                             f"--overwrite to discard them")
         # Rewrite without a possibly cut last line, so appends start on a fresh line.
         with open(preds, "w", encoding="utf-8") as f:
             for rec in done.values():
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    run_cfg.write_text(json.dumps(cfg.resume_view(), indent=2) + "\n")
+    tmp = run_cfg.with_name(RUN_CONFIG + ".part")
+    tmp.write_text(json.dumps(mine, indent=2) + "\n")
+    tmp.replace(run_cfg)
     return done
 
 
@@ -301,23 +321,29 @@ def _open_retriever(cfg: EvalConfig, stack, out: Path):
     return client
 
 
-def _load_generator(cfg: EvalConfig):
-    """(generator, tokenizer): HFGenerator over the local model, or OpenAIGenerator with --base-url."""
+def _load_generator(cfg: EvalConfig, tokenizer):
+    """HFGenerator over the local model (the weights resolve_model_dir(cfg.model) names), or
+    OpenAIGenerator with --base-url; `tokenizer` is the one `_load_tokenizer` gave."""
+    import os
+
     import torch
 
-    from search_r1.models import load_model_and_tokenizer, load_tokenizer
+    from search_r1.models import load_model_and_tokenizer
     from search_r1.rollout.backends import HFGenerator, OpenAIGenerator
 
     if cfg.base_url:
-        import os
-
-        tokenizer = load_tokenizer(resolve_model_dir(cfg.tokenizer or cfg.model))
-        generator = OpenAIGenerator(cfg.base_url, cfg.model, tokenizer=tokenizer,
-                                    api_key=os.environ.get(cfg.api_key_env))
-        return generator, tokenizer
+        return OpenAIGenerator(cfg.base_url, cfg.model, tokenizer=tokenizer, api_key=os.environ.get(cfg.api_key_env),
+                               allow_insecure_http=cfg.allow_insecure_http)
     dtype = torch.bfloat16 if resolve_dtype(cfg.dtype, "rollout", "--dtype") == "bfloat16" else torch.float32
-    model, tokenizer = load_model_and_tokenizer(resolve_model_dir(cfg.model), dtype=dtype)
-    return HFGenerator(model, tokenizer), tokenizer
+    model, _ = load_model_and_tokenizer(resolve_model_dir(cfg.model), dtype=dtype)
+    return HFGenerator(model, tokenizer)
+
+
+def _load_tokenizer(cfg: EvalConfig):
+    """The tokenizer of the model (or of --tokenizer with --base-url), before any weights load."""
+    from search_r1.models import load_tokenizer
+
+    return load_tokenizer(resolve_model_dir((cfg.tokenizer or cfg.model) if cfg.base_url else cfg.model))
 
 
 def _baseline_prompts(cfg: EvalConfig, tokenizer, batch: list[Example], engine) -> tuple[list[list[int]], list]:
@@ -395,15 +421,23 @@ def evaluate(cfg: EvalConfig, generator=None, tokenizer=None, search_engine=None
     from search_r1.data.dataset import collate_records
     from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager
 
+    from search_r1.evaluation.identity import resolved_identity
+
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
-    done = _prepare_out_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         engine = search_engine if search_engine is not None else _open_retriever(cfg, stack, out)
-        if generator is None:
-            generator, tokenizer = _load_generator(cfg)
+        given = generator is not None
+        if not given:
+            tokenizer = _load_tokenizer(cfg)
+        model_dir = None if given or cfg.base_url else resolve_model_dir(cfg.model)
+        # before the weights load: a resume that would mix two models is refused at once
+        done = _prepare_out_dir(cfg, resolved_identity(cfg, tokenizer, model_dir, engine))
+        if not given:
+            generator = _load_generator(cfg, tokenizer)
             if hasattr(generator, "close"):
                 stack.callback(generator.close)
         examples = select_examples(load_examples(cfg, tokenizer), cfg.limit, cfg.limit_per_source, cfg.seed)

@@ -24,8 +24,9 @@ from urllib.parse import urlparse
 
 from search_r1.protocol import (decode_ids, encode_texts, invalid_action_observation, search_observation,
                                 stop_strings)
-from search_r1.rollout.backends import (GenerationError, GenOutput, OpenAIGenerator, SamplingParams, _check_prompts,
-                                        endpoint_url, post_json)
+from search_r1.rollout.backends import (INSECURE_HTTP_OPT_IN, GenerationError, GenOutput, OpenAIGenerator,
+                                        SamplingParams, _check_prompts, endpoint_url, post_json)
+from search_r1.transport import check_key_transport
 
 OPENAI_APIS = ("auto", "completions", "chat")  # SearchR1Config.openai_api
 CHAT_HOSTS = frozenset({"api.openai.com"})  # hosts that serve chat completions only (for `auto`)
@@ -100,12 +101,14 @@ class OpenAIChatGenerator:
     not report them). Never misaligned.
 
     Retries: `backends.post_json` (connection errors, timeouts, 408/429/5xx with backoff, a 429's
-    Retry-After honoured); 401/403 name OPENAI_API_KEY; the key never appears in an error.
+    Retry-After honoured); 401/403 name OPENAI_API_KEY; the key never appears in an error. With an
+    `api_key`, plain http is refused for non-loopback hosts unless `allow_insecure_http=True`.
     """
 
     def __init__(self, base_url: str, model: str, tokenizer, api_key: str | None = None,
                  timeout: float = 120.0, retries: int = 3, backoff: float = 0.5, max_concurrency: int = 8,
-                 protocol: str = "tags", extra_body: dict | None = None, max_registered_prompts: int = 10_000):
+                 protocol: str = "tags", extra_body: dict | None = None, max_registered_prompts: int = 10_000,
+                 allow_insecure_http: bool = False):
         import httpx
 
         if tokenizer is None:
@@ -114,6 +117,8 @@ class OpenAIChatGenerator:
         if retries < 0:
             raise ValueError(f"OpenAIChatGenerator retries must be >= 0, got {retries}")
         self.url = chat_url(base_url)
+        if api_key:
+            check_key_transport(self.url, opt_in=INSECURE_HTTP_OPT_IN, allow_insecure_http=allow_insecure_http)
         self.model, self.tokenizer = model, tokenizer
         self.api_key = api_key or ""
         self.retries, self.backoff = retries, backoff

@@ -44,6 +44,31 @@ def normalize_url(url: str) -> str:
     return url
 
 
+def resolve_api_key(api_key: str | None = None) -> str | None:
+    """The retriever's bearer token: `api_key` when given, else env RETRIEVER_API_KEY, else None."""
+    return api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+
+
+def check_reachable(url: str, timeout: float = 5.0, api_key: str | None = None) -> None:
+    """GET /health and one tiny /retrieve, sending the bearer token (`resolve_api_key`) as the
+    rollouts will; SearchError naming the URL and what failed (a 401/403 names RETRIEVER_API_KEY)."""
+    base = normalize_url(url).removesuffix("/retrieve")
+    key = resolve_api_key(api_key)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        httpx.get(base + "/health", timeout=timeout).raise_for_status()
+        resp = httpx.post(base + "/retrieve", json={"queries": ["test"], "topk": 1, "return_scores": False},
+                          headers=headers, timeout=timeout)
+    except Exception as exc:  # connection refused, timeout, HTTP error: all mean "not usable"
+        raise SearchError(f"retriever at {url} is unreachable ({type(exc).__name__}: {exc})") from None
+    if resp.status_code in (401, 403):
+        sent = f"the key from {API_KEY_ENV}" if api_key is None and key else ("a key" if key else "no key")
+        raise SearchError(f"retriever at {url} refused /retrieve with HTTP {resp.status_code} ({sent} sent): "
+                          f"{_error_message(resp)}. Set {API_KEY_ENV} to the server's --api-key")
+    if resp.status_code >= 400:
+        raise SearchError(f"retriever at {url} answered /retrieve with HTTP {resp.status_code}: {_error_message(resp)}")
+
+
 def parse_hit(hit) -> dict:
     """One hit of a `/retrieve` result -> `{"id", "contents", "score"}` (score None when absent).
 
@@ -156,7 +181,7 @@ class RetrieverClient(SearchEngine):
         self._cache = _LRUCache(cache_size)
         self._lock = threading.Lock()  # guards round-robin pointer, endpoint health, stats
         self._next = 0
-        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+        api_key = resolve_api_key(api_key)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # One pooled keep-alive client for the client's life: no TCP handshake per search call.
         # httpx.Client is safe to share across threads.

@@ -26,20 +26,19 @@ servers), and keys never appear in error messages.
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from urllib.parse import urlparse
 
 import httpx
 
 from search_r1.search.base import SearchEngine, SearchError
 from search_r1.search.format import render_passages
 from search_r1.search.retry import backoff_delay
+from search_r1.transport import check_key_transport
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +151,7 @@ class WebSearchEngine(SearchEngine):
         self.cx = cx or os.environ.get(GOOGLE_CX_ENV, "")
         if provider == "google" and not self.cx:
             raise ValueError(f"Google Programmable Search needs the search engine id: pass cx=... or set {GOOGLE_CX_ENV}")
-        self.base_url = _check_base_url(base_url or DEFAULT_BASE_URLS[provider])
+        self.base_url = check_key_transport(base_url or DEFAULT_BASE_URLS[provider])
         self.topk, self.retries, self.backoff = topk, retries, float(backoff)
         self.cache_ttl, self.on_failure, self.max_concurrency = cache_ttl, on_failure, max_concurrency
         self.stats = WebSearchStats()
@@ -298,20 +297,3 @@ def _retry_after(resp: httpx.Response) -> float | None:
         return min(max(float(value), 0.0), 60.0) if value is not None else None
     except ValueError:
         return None
-
-
-def _check_base_url(url: str) -> str:
-    """HTTPS anywhere; plain HTTP only to loopback (a key sent in clear over a network leaks)."""
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError(f"base_url {url!r} must be an http(s) URL")
-    if parsed.scheme == "http":
-        host = parsed.hostname
-        try:
-            loopback = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = host == "localhost"
-        if not loopback:
-            raise ValueError(f"base_url {url!r} would send the API key unencrypted; use https:// "
-                             "(plain http is allowed for loopback test servers only)")
-    return url
