@@ -310,6 +310,7 @@ class _WeaverRun:
                 return
             if kind == "write_terminate":
                 w["terminated"] = True
+                section["status"] = "not written (writer stopped)"
                 self.trace.add("writer", "terminate", f"the writer stops at section {k + 1}")
                 return
             if kind == "retrieve":

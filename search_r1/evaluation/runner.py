@@ -209,28 +209,21 @@ def load_questions(data) -> list[Example]:
     """The questions of Search-R1 parquet files without tokenizing their prompts (agents build their
     own): same ids, sources and gold answers as `load_examples`; `record` is None. Rows whose
     question cannot be recovered (no `question` column, no "Question: ..." in the prompt) raise."""
-    import pandas as pd
-
-    from search_r1.data.dataset import REQUIRED_COLUMNS, _parse_messages, _parse_targets, _recover_question
+    from search_r1.data.rows import parse_messages, parse_targets, read_frame, recover_question
 
     examples: list[Example] = []
     seen: set[str] = set()
     for i, path in enumerate(data):
         if not Path(path).is_file():
             raise FileNotFoundError(f"--data {path}: no such file (a Search-R1 parquet file)")
-        frame = pd.read_parquet(path)
-        missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
-        if missing:
-            raise ValueError(f"{path} lacks the columns {missing}; expected the Search-R1 parquet schema "
-                             "(python -m search_r1.data.prepare writes it)")
         ids = _id_column(path)
-        for row, rec in enumerate(frame.to_dict("records")):
-            question = _recover_question(rec, _parse_messages(rec["prompt"], Path(path), row))
+        for row, rec in enumerate(read_frame(Path(path)).to_dict("records")):
+            question = recover_question(rec, parse_messages(rec["prompt"], Path(path), row))
             if not question:
                 raise ValueError(f"{path} row {row}: no question text (no `question` column and no "
                                  "'Question: ...' in the prompt); agents need the question itself")
             examples.append(Example(_question_id(path, i, row, ids, seen), str(rec["data_source"]),
-                                    question, tuple(_parse_targets(rec["reward_model"], Path(path), row)), None))
+                                    question, tuple(parse_targets(rec["reward_model"], Path(path), row)), None))
     return examples
 
 
