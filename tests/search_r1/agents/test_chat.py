@@ -9,7 +9,6 @@ from search_r1.grpo.openai_chat import OpenAIChatGenerator
 from search_r1.models import load_model_and_tokenizer
 from search_r1.prompts import apply_chat_template
 from search_r1.rollout.backends import GenerationError, SamplingParams
-from tests.search_r1.agents.fake_chat_server import FakeChatServer
 
 MESSAGES = [{"role": "system", "content": "You answer."}, {"role": "user", "content": "Question: who?"}]
 
@@ -70,20 +69,8 @@ def test_local_context_overflow(local):
 
 
 # -- servers ----------------------------------------------------------------------------------------
-@pytest.fixture
-def server():
-    servers = []
-
-    def start(respond, **kw):
-        servers.append(FakeChatServer(respond, **kw))
-        return servers[-1]
-    yield start
-    for s in servers:
-        s.close()
-
-
-def test_server_reply_stop_reappended_and_usage(server):
-    srv = server(lambda msgs: '<think>x</think><tool_call>{"a": 1}</tool_call> tail words')
+def test_server_reply_stop_reappended_and_usage(chat_server):
+    srv = chat_server(lambda msgs: '<think>x</think><tool_call>{"a": 1}</tool_call> tail words')
     model = ServerChatModel(OpenAIChatGenerator(srv.base_url, "served-model", tokenizer=None))
     reply = model.chat(MESSAGES, stop=["</tool_call>"], max_tokens=50, seed=3)
     assert reply.text == '<think>x</think><tool_call>{"a": 1}</tool_call>'
@@ -97,8 +84,8 @@ def test_server_reply_stop_reappended_and_usage(server):
     assert cut.finish_reason == "length" and cut.text == '<think>x</think><tool_call>{"a": 1}</tool_call>'
 
 
-def test_server_continues_a_final_assistant_message_without_parts(server):
-    srv = server(lambda msgs: " and more")
+def test_server_continues_a_final_assistant_message_without_parts(chat_server):
+    srv = chat_server(lambda msgs: " and more")
     model = ServerChatModel(OpenAIChatGenerator(srv.base_url + "/v1", "served-model", tokenizer=None))
     msgs = MESSAGES + [{"role": "assistant", "content": "partial", "parts": ["par", "tial"]}]
     assert model.chat(msgs).text == " and more"
@@ -107,8 +94,8 @@ def test_server_continues_a_final_assistant_message_without_parts(server):
     assert body["messages"][-1] == {"role": "assistant", "content": "partial"}
 
 
-def test_server_key_from_the_environment_never_shown(server, monkeypatch):
-    srv = server(lambda msgs: "ok", api_key="sk-right")
+def test_server_key_from_the_environment_never_shown(chat_server, monkeypatch):
+    srv = chat_server(lambda msgs: "ok", api_key="sk-right")
     monkeypatch.setenv("MY_KEY", "sk-right")
     assert load_chat_model("served-model", srv.base_url, api_key_env="MY_KEY").chat(MESSAGES).text == "ok"
     monkeypatch.setenv("MY_KEY", "sk-wrong-secret")
@@ -121,8 +108,8 @@ def test_server_key_from_the_environment_never_shown(server, monkeypatch):
     load_chat_model("m", "http://10.0.0.8:8000/v1", api_key_env="MY_KEY")  # no key: nothing to leak
 
 
-def test_generate_still_needs_a_tokenizer(server):
-    srv = server(lambda msgs: "ok")
+def test_generate_still_needs_a_tokenizer(chat_server):
+    srv = chat_server(lambda msgs: "ok")
     gen = OpenAIChatGenerator(srv.base_url, "served-model", tokenizer=None)
     with pytest.raises(ValueError, match="needs the local tokenizer"):
         gen.generate([[1, 2]], SamplingParams())

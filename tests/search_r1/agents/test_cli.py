@@ -11,7 +11,6 @@ import pytest
 
 from search_r1.agents import toolcall, weaver
 from search_r1.agents.cli import build_parser
-from tests.search_r1.agents.fake_chat_server import FakeChatServer
 from tests.search_r1.agents.scripted import role_of
 
 
@@ -27,18 +26,6 @@ def question_of(messages) -> str:
         if m["role"] == "user" and found:
             return found.group(1) + "?"
     raise AssertionError("no question in the conversation")
-
-
-@pytest.fixture
-def chat_server():
-    servers = []
-
-    def start(respond, **kw):
-        servers.append(FakeChatServer(respond, **kw))
-        return servers[-1]
-    yield start
-    for s in servers:
-        s.close()
 
 
 def toolcall_responder(golds):

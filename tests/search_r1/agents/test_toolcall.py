@@ -11,7 +11,7 @@ import pytest
 from search_r1.agents.budget import Budgets
 from search_r1.agents.tools import AccessTool, SearchTool
 from search_r1.agents.toolcall import ToolCallAgent, ToolCallConfig, first_tool_call
-from search_r1.search import RetrieverClient, render_passages
+from search_r1.search import render_passages
 from tests.search_r1.agents.scripted import ScriptedChat
 
 
@@ -19,18 +19,6 @@ def search_call(query: str, form: str = "action") -> str:
     payload = ({"action": "web_search", "action_input": {"query": query}} if form == "action"
                else {"name": "search", "arguments": {"query": query}})
     return f"<think>I should look this up.</think>\n<tool_call>{json.dumps(payload)}</tool_call>"
-
-
-@pytest.fixture(scope="module")
-def question(synth_world):
-    with open(synth_world / "test.jsonl") as f:
-        return next(r for r in map(json.loads, f) if r["data_source"] == "synth_nq")
-
-
-@pytest.fixture
-def client(retriever_server):
-    with RetrieverClient(retriever_server.url, topk=3) as c:
-        yield c
 
 
 def test_every_action_against_the_real_retriever(client, question):

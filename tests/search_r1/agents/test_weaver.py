@@ -13,24 +13,11 @@ from search_r1.agents.budget import Budgets
 from search_r1.agents.memory import MemoryBank, cited_ids, ids_in, outline_sections, parse_summary, render_citations
 from search_r1.agents.tools import AccessTool, SearchTool
 from search_r1.agents.weaver import WeaverAgent, WeaverConfig, parse_planner_action
-from search_r1.search import RetrieverClient
 from search_r1.search.format import split_title
 from tests.search_r1.agents.scripted import CRASH, ScriptCrash, ScriptedChat
 
 OUTLINE = ("<outline>## The answer <cite><id>1</id></cite>\n- what the record says <cite><id>2</id>, <id>9</id></cite>\n"
            "## Background <cite><id>2</id></cite>\n- context</outline>")
-
-
-@pytest.fixture(scope="module")
-def question(synth_world):
-    with open(synth_world / "test.jsonl") as f:
-        return next(r for r in map(json.loads, f) if r["data_source"] == "synth_nq")
-
-
-@pytest.fixture
-def client(retriever_server):
-    with RetrieverClient(retriever_server.url, topk=3) as c:
-        yield c
 
 
 def planner_script(q: str, gold_id: str) -> list:
