@@ -89,7 +89,8 @@ def build_parser(agent: str) -> argparse.ArgumentParser:
                    help="a network access may open despite the guard, e.g. 10.1.0.0/16 (repeat for several)")
     g.add_argument("--page-timeout", type=float, default=10.0, help="seconds per network operation of a page "
                                                                      "fetch; 3x for the whole fetch (default: 10)")
-    g.add_argument("--page-max-bytes", type=int, default=2_000_000, help="bytes of a page read at most (default: 2000000)")
+    g.add_argument("--page-max-bytes", type=int, default=2_000_000,
+                   help="bytes of a page read at most (default: 2000000)")
     g.add_argument("--doc-chars", type=int, default=20_000,
                    help="characters of an accessed document kept (default: 20000)")
     g = p.add_argument_group("budgets (each hit is recorded in the trace)")
@@ -147,7 +148,8 @@ def open_tools(args, stack: contextlib.ExitStack, log_dir: Path):
     chosen = [f for f, v in (("--retriever-url", args.retriever_url), ("--retriever-index", args.retriever_index),
                              ("--web-search", args.web_search)) if v]
     if len(chosen) != 1:
-        raise ValueError(f"pass exactly one of --retriever-url, --retriever-index, --web-search (got {chosen or 'none'}); "
+        raise ValueError("pass exactly one of --retriever-url, --retriever-index, --web-search "
+                         f"(got {chosen or 'none'}); "
                          "e.g. --retriever-index default serves the synthetic world")
     retriever = None
     if args.web_search:

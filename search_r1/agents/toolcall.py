@@ -211,8 +211,8 @@ class _Run:
         shown = [self.sources.add(h["id"], split_title(h["contents"])[0], self.agent.search.kind, query) for h in hits]
         self.tool_log.append({"tool": "search", "query": query, "docs": [s.number for s in shown],
                               "ids": [s.id for s in shown]})
-        self.trace.add(PHASE, "search", f'"{query}" -> ' + (", ".join(f"Doc {s.number} {s.title} [{s.id}]" for s in shown)
-                                                            or "no results"), query=query, ids=[s.id for s in shown])
+        listed = ", ".join(f"Doc {s.number} {s.title} [{s.id}]" for s in shown) or "no results"
+        self.trace.add(PHASE, "search", f'"{query}" -> {listed}', query=query, ids=[s.id for s in shown])
         if not hits:
             return f"No results for: {query}"
         return render_passages([h["contents"] for h in hits], start=shown[0].number)

@@ -217,8 +217,8 @@ class _WeaverRun:
             title, text = split_title(h["contents"])
             src = self.sources.add(h["id"], title, self.agent.search.kind, query)
             lines.append(f"Doc {src.number} (id: {h['id']}) {title}: {text}")
-        self.trace.add("planner", "search", f'"{query}" -> ' + (", ".join(f"[{h['id']}]" for h in hits) or "no results"),
-                       query=query, ids=[h["id"] for h in hits])
+        listed = ", ".join(f"[{h['id']}]" for h in hits) or "no results"
+        self.trace.add("planner", "search", f'"{query}" -> {listed}', query=query, ids=[h["id"] for h in hits])
         return "\n".join(lines) if lines else f"No results for: {query}"
 
     def do_access(self, target: str, goal: str) -> str:
@@ -317,8 +317,8 @@ class _WeaverRun:
                 ids = ids_in(m.group(2))
                 found, unknown = self.bank.lookup(ids)
                 section["retrieved"] = list(dict.fromkeys(section["retrieved"] + [e.id for e in found]))
-                self.trace.add("writer", "retrieve", f"section {k + 1}: ids {ids}" + (f", unknown {unknown}" if unknown else ""),
-                               ids=ids, unknown=unknown)
+                self.trace.add("writer", "retrieve", f"section {k + 1}: ids {ids}"
+                               + (f", unknown {unknown}" if unknown else ""), ids=ids, unknown=unknown)
                 body = "\n".join(f"[{e.id}] {e.label()} (goal: {e.goal}): {e.summary}" for e in found)
                 if unknown:
                     body += (f"\nUnknown ids: {unknown}; the memory bank holds ids 1-{self.bank.summary_id_counter}.")
