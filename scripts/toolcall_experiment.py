@@ -1,6 +1,6 @@
 """Is the tool-call format worth training for? One command:
 
-    python scripts/toolcall_experiment.py                       # SmolLM2-135M, 8 GRPO steps, 60 test questions
+    python scripts/toolcall_experiment.py                       # SmolLM2-135M, 6 GRPO steps, 60 test questions
     python scripts/toolcall_experiment.py --steps 4 --n-test 20 -- optim.lr=2e-5   # Hydra overrides after --
     python scripts/toolcall_experiment.py --model tiny-random-qwen3 --steps 1 --n-test 4 -- warmstart.steps=1 \\
         warmstart.n_examples=4                                  # a smoke run (minutes)
@@ -44,7 +44,9 @@ TRAIN_OVERRIDES = [
     "data.protocol=tool_call", "data.max_prompt_length=512", "data.val_size=8",
     "rollout.max_start_length=512", "rollout.max_prompt_length=1024", "rollout.max_response_length=384",
     "rollout.max_obs_length=192", "rollout.max_tokens_per_turn=96",
-    "trainer.batch_size=2", "trainer.mini_batch_size=2", "optim.lr=3e-5",
+    # micro-batch 1: 1024-token contexts; the first run here, at 2, was killed by Ray's memory monitor
+    # on a machine shared with other jobs
+    "trainer.batch_size=2", "trainer.mini_batch_size=2", "trainer.micro_batch_size=1", "optim.lr=3e-5",
     "trainer.val_before_train=false", "trainer.test_freq=0", "trainer.save_freq=0", "trainer.keep_last=1",
     "trainer.resume=none", "trainer.loggers=[console,jsonl]",
 ]
@@ -93,7 +95,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__)
     p.add_argument("--model", default="smollm2-135m-instruct", help="base model (default: smollm2-135m-instruct)")
-    p.add_argument("--steps", type=int, default=8, help="GRPO steps after the warm-start (default: 8)")
+    p.add_argument("--steps", type=int, default=6, help="GRPO steps after the warm-start (default: 6)")
     p.add_argument("--n-test", type=int, default=60, help="held-out test questions evaluated (default: 60)")
     p.add_argument("--budget", type=int, default=5, help="the agent's search budget, stated in the prompt (default: 5)")
     p.add_argument("--date", default="2026-11-23", help="the date every prompt states (default: 2026-11-23)")
@@ -160,7 +162,8 @@ def main() -> int:
         table, "",
         "Mean searches per question: " + ", ".join(
             f"{r['name']} {r['metrics']['overall'].get('searches', float('nan')):.2f}" for r in results), "",
-        f"Timings (minutes): {json.dumps(timings)}; total {round((time.perf_counter() - started) / 60, 1)}.", "",
+        f"Timings of this invocation (minutes; evaluations resumed from earlier predictions take ~0): "
+        f"{json.dumps(timings)}; total {round((time.perf_counter() - started) / 60, 1)}.", "",
         f"Command: python scripts/toolcall_experiment.py --steps {args.steps} --n-test {args.n_test}"
         + (" -- " + " ".join(args.overrides) if args.overrides else ""),
     ]

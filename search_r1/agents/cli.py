@@ -242,7 +242,12 @@ def _single(agent: str, args) -> int:
     console = None if args.quiet else (lambda line: print(line, flush=True))
     with contextlib.ExitStack() as stack:
         out = Path(args.out) if args.out else None
-        log_dir = out if out is not None else Path.cwd()
+        if out is None:  # a served index's log goes to a temp dir, not into the caller's directory
+            import tempfile
+
+            log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="search_r1_agent_")))
+        else:
+            log_dir = out
         runner = _load(agent, args, stack, log_dir)
         if agent == "weaver":
             result = runner.run(args.question, out, console=console)
