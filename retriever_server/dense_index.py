@@ -124,6 +124,8 @@ def build_dense(docs: Iterable[tuple[str, str]], out_dir: str | Path, n_docs: in
 
     if faiss_kind not in FAISS_KINDS:
         raise ValueError(f"--faiss {faiss_kind!r}; allowed values are {list(FAISS_KINDS)}")
+    if faiss_gpu:  # fail before the (long) encoding, not after it
+        to_gpus(faiss.IndexFlatIP(8))
     model_path = resolve_model(model)
     conv = resolve_convention(model_path, convention, pooling, query_prefix, passage_prefix, normalize)
     encoder = TextEncoder(model_path, max_seq_length=max_seq_length, convention=conv)
@@ -131,9 +133,10 @@ def build_dense(docs: Iterable[tuple[str, str]], out_dir: str | Path, n_docs: in
     bounds = slice_bounds(len(emb), shards)
     template, extra = _make_faiss_index(faiss_kind, encoder.dim, len(emb), hnsw_m, ivf_nlist, pq_m, pq_nbits)
     if not template.is_trained:  # train once: every slice shares the quantizer, so merging is exact
-        trainer = to_gpus(template) if faiss_gpu else template
-        trainer.train(emb)
-        template = faiss.index_gpu_to_cpu(trainer) if faiss_gpu else trainer
+        if faiss_gpu:  # k-means on the GPUs, the trained index back on the CPU for writing
+            template = faiss.index_gpu_to_cpu(_trained(to_gpus(template), emb))
+        else:
+            template.train(emb)
     slices = []
     for k, (start, end) in enumerate(bounds):
         index = faiss.clone_index(template) if shards > 1 else template
@@ -143,6 +146,11 @@ def build_dense(docs: Iterable[tuple[str, str]], out_dir: str | Path, n_docs: in
     return {**model_params(model, model_path), "dim": encoder.dim, "faiss": faiss_kind,
             "metric": "inner_product", "normalized": conv.normalize, "encoder": conv.as_dict(),
             "max_seq_length": max_seq_length, "n_vectors": len(emb), "slices": slices, **extra}
+
+
+def _trained(index, emb: np.ndarray):
+    index.train(emb)
+    return index
 
 
 def model_params(model: str | None, model_path: Path) -> dict:
