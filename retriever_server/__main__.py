@@ -395,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replicas of the ingress (HTTP API + query encoder; default 1)")
     g.add_argument("--shard-cpus", type=float, default=1.0,
                    help="Ray CPUs reserved per shard replica (default 1; Ray places replicas by it)")
+    g.add_argument("--shard-memory-gb", type=float, default=None,
+                   help="memory Ray reserves per shard replica for placement (default: the slice's size, "
+                        "0 with --mmap)")
     g.add_argument("--ingress-cpus", type=float, default=1.0,
                    help="Ray CPUs reserved per ingress replica (default 1)")
     g.add_argument("--shard-timeout-s", type=float, default=30.0,

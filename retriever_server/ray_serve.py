@@ -17,7 +17,8 @@ A shard that does not answer within --shard-timeout-s, or whose replica died, is
 When a shard still has no answer the request fails with 503 naming the shards that did not answer:
 a partial top-k is never returned as if it were complete. /health reports how many shards answer.
 
-Ray Serve's HTTP proxy runs on every node of the cluster on --host/--port.
+Ray places each shard replica where its reserved CPUs (--shard-cpus) and memory (its slice's size,
+or --shard-memory-gb) fit. Ray Serve's HTTP proxy runs on every node of the cluster on --host/--port.
 """
 from __future__ import annotations
 
@@ -203,8 +204,13 @@ def build_application(args):
     if args.faiss_gpu:
         raise ValueError("--faiss-gpu with --ray is not supported: a shard replica searches on CPU; run one "
                          "standalone `serve --faiss-gpu` per GPU node instead")
-    n_slices = len(slices_of(manifest.params))
-    n_shards = args.shards or n_slices
+    refs = slices_of(manifest.params)
+    n_shards = args.shards or len(refs)
+    # Ray places a replica where its reservation fits: reserve the memory its slice takes (a
+    # memory-mapped slice lives in the page cache, which Ray does not account for).
+    index_bytes = sum(r.resolve(index_dir).stat().st_size for r in refs if r.resolve(index_dir).exists())
+    memory = (0 if args.mmap else index_bytes / n_shards) if args.shard_memory_gb is None \
+        else args.shard_memory_gb * 2**30
     cfg = {k: getattr(args, k) for k in REPLICA_ARGS}
     cfg["index"] = [str(index_dir.resolve())]
     cfg["shards"] = n_shards
@@ -212,7 +218,7 @@ def build_application(args):
     quiet = {"enable_access_log": False, "log_level": "WARNING"}
     shard_cls = serve.deployment(ShardReplica)
     shards = [shard_cls.options(name=SHARD_NAME.format(k), num_replicas=args.replicas,
-                                ray_actor_options={"num_cpus": args.shard_cpus},
+                                ray_actor_options={"num_cpus": args.shard_cpus, "memory": int(memory)},
                                 max_ongoing_requests=64, logging_config=quiet)
               .bind(cfg["index"][0], manifest.params, k, n_shards, cfg) for k in range(n_shards)]
     ingress_cls = serve.deployment(serve.ingress()(IngressReplica))

@@ -19,6 +19,7 @@ once). For an L2 index "best" is the smallest distance.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,15 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 FAISS_FILE = "dense.faiss"
+BF16_SCREEN_RAM_SHARE = 0.25   # `flat_search=auto` builds the bf16 copy only up to this share of RAM
+
+
+def total_ram() -> int:
+    """Physical memory in bytes (Linux; 0 elsewhere, which turns the automatic bf16 screen off)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def slice_file(k: int, n_shards: int) -> str:
@@ -88,8 +98,9 @@ class SliceSearcher:
 
     `flat_search` picks how a Flat inner-product slice is searched: `faiss` (fp32 BLAS), `bf16` (the
     exact bf16-screened search of flat_bf16.py, faiss for the queries it cannot certify) or `auto`
-    (bf16 when the CPU has native bf16 matrix instructions and the slice is not memory-mapped: the
-    screen keeps a bf16 copy of the vectors in RAM, which a memory-mapped index is meant to avoid).
+    (bf16 when the CPU has native bf16 matrix instructions, the slice is not memory-mapped and its
+    bf16 copy, 2*d bytes per passage, takes at most a quarter of the machine's RAM: the screen keeps
+    that copy beside the fp32 vectors; for wiki-18 with e5 it would be 32 GB).
     """
 
     def __init__(self, index, start: int, flat_search: str = "auto", mmap: bool = False):
@@ -106,7 +117,8 @@ class SliceSearcher:
         if flat_search == "bf16" and not is_flat_ip:
             raise ValueError(f"flat_search=bf16 needs a Flat inner-product index, this one is "
                              f"{describe_faiss(index)!r}; use flat_search=auto or faiss")
-        use_screen = flat_search == "bf16" or (flat_search == "auto" and has_native_bf16() and not mmap)
+        use_screen = flat_search == "bf16" or (flat_search == "auto" and has_native_bf16() and not mmap
+                                                and 2 * self.n * index.d <= BF16_SCREEN_RAM_SHARE * total_ram())
         if is_flat_ip and self.n and use_screen:
             # A view of faiss's own fp32 storage (no copy); the index object keeps it alive.
             xb = faiss.rev_swig_ptr(index.get_xb(), self.n * index.d)

@@ -169,3 +169,20 @@ def test_faiss_gpu_fails_clearly_without_gpu_faiss(tmp_path, capsys):
     with pytest.raises(SystemExit) as code:
         main(["build", "--corpus", str(corpus), "--kind", "dense", "--out", str(tmp_path / "o"), "--faiss-gpu"])
     assert code.value.code == 2 and "--faiss-gpu" in capsys.readouterr().err
+
+
+def test_automatic_bf16_screen_only_when_its_copy_fits(monkeypatch):
+    """flat_search=auto builds the bf16 copy (2*d bytes per passage) only up to 1/4 of RAM: wiki-18
+    with e5 would need 32 GB more."""
+    import faiss
+
+    import retriever_server.shards as shards
+    from retriever_server.cpu import has_native_bf16
+    index = faiss.IndexFlatIP(32)
+    index.add(unit(1000, 32))
+    copy_bytes = 2 * 1000 * 32
+    monkeypatch.setattr(shards, "total_ram", lambda: 4 * copy_bytes - 1)
+    assert SliceSearcher(index, 0, "auto").flat_search == "faiss"
+    monkeypatch.setattr(shards, "total_ram", lambda: 4 * copy_bytes)
+    assert SliceSearcher(index, 0, "auto").flat_search == ("bf16" if has_native_bf16() else "faiss")
+    assert SliceSearcher(index, 0, "bf16").flat_search == "bf16"      # asked for: always
