@@ -10,8 +10,8 @@ coalescing), then the other, so both see the same contention from other work on 
 
 - standalone: `python -m retriever_server serve --index IDX` (auto threads: one single-threaded
   encoder batch per core)
-- Ray Serve: `python -m retriever_server serve --index IDX --ray --ray-address local --shards K`: a
-  local Ray cluster in the server process with Serve's HTTP proxy, the ingress (HTTP API, batcher,
+- Ray Serve: `python -m retriever_server serve --index IDX --ray --ray-address local --shards K
+  --serve-proxy haproxy`: a local Ray cluster in the server process with HAProxy in front, the ingress (HTTP API, batcher,
   query encoder) and K shard deployments of one replica each. The server RSS column is the whole
   Ray process tree (GCS, raylet, controller, proxy, replicas).
 
@@ -41,12 +41,18 @@ def run_comparison(args) -> tuple[list[dict], list[str]]:
     index = prepare_index(args.cache_dir, world, args.size, "dense", [])
     questions = load_questions(world, 5000)
     passages = int((world / ".bench_done").read_text())
-    servers = {
-        "standalone": Server([index], [], args.cache_dir / "server_ray_bench_standalone.log", args.startup_timeout),
-        "ray": Server([index], ["--ray", "--ray-address", "local", "--shards", str(args.shards),
-                                "--shard-cpus", "0.5", "--ingress-cpus", "1"],
-                      args.cache_dir / "server_ray_bench_serve.log", args.startup_timeout),
-    }
+    servers = {}
+    try:
+        servers["standalone"] = Server([index], [], args.cache_dir / "server_ray_bench_standalone.log",
+                                       args.startup_timeout)
+        servers["ray"] = Server([index], ["--ray", "--ray-address", "local", "--shards", str(args.shards),
+                                          "--shard-cpus", "0.5", "--ingress-cpus", "1",
+                                          "--serve-proxy", args.serve_proxy],
+                                args.cache_dir / "server_ray_bench_serve.log", args.startup_timeout)
+    except BaseException:  # a server that started must not outlive a failed start of the other
+        for s in servers.values():
+            s.process.stop(timeout=120)
+        raise
     results = {(name, c): LoadResult() for name in servers for c in args.clients}
     idle_cpu = {name: 0.0 for name in servers}
     try:
@@ -65,8 +71,8 @@ def run_comparison(args) -> tuple[list[dict], list[str]]:
         rss = {name: s.rss_mb() for name, s in servers.items()}
         health = {name: s.health() for name, s in servers.items()}
     finally:
-        for s in servers.values():
-            s.stop()
+        for s in servers.values():   # Ray: serve.shutdown and the local cluster take a while on 2 cores
+            s.process.stop(timeout=120)
     rows = []
     for c in args.clients:
         base = results[("standalone", c)].queries_per_s
@@ -80,7 +86,8 @@ def run_comparison(args) -> tuple[list[dict], list[str]]:
     notes = [f"dense MiniLM fp32 Flat over {passages:,} synthetic passages; B=1 query per request; "
              f"{args.duration:g} s measured per server and C in {args.rounds} interleaved rounds (+{args.warmup:g} s "
              "warm-up each); both servers up for the whole run",
-             f"Ray Serve: {args.shards} shard deployment(s) x 1 replica, 1 ingress replica; idle CPU of the "
+             f"Ray Serve: {args.shards} shard deployment(s) x 1 replica, 1 ingress replica, "
+             f"--serve-proxy {args.serve_proxy}; idle CPU of the "
              f"other server while one was loaded: standalone {100 * idle_cpu['standalone'] / wall:.0f}% of a core, "
              f"Ray {100 * idle_cpu['ray'] / wall:.0f}% of a core"]
     return rows, notes
@@ -110,6 +117,8 @@ def parse_args(argv=None):
     p.add_argument("--size", default="10k", choices=["10k", "100k"], help="corpus size of the dense index")
     p.add_argument("--clients", default="8,50", help="comma-separated concurrent single-query clients")
     p.add_argument("--shards", type=int, default=2, help="shard deployments of the Ray Serve server")
+    p.add_argument("--serve-proxy", default="haproxy", choices=["haproxy", "python"],
+                   help="`serve --serve-proxy` of the Ray Serve server")
     p.add_argument("--duration", type=float, default=30.0, help="measured seconds per server and client count")
     p.add_argument("--rounds", type=int, default=3, help="interleaved segments per server and client count")
     p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each segment")

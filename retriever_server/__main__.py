@@ -387,11 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "to the shards and merges their top-k exactly")
     g.add_argument("--ray-address", default="auto",
                    help="Ray cluster to join (default auto: the cluster `ray start` runs on this node)")
-    g.add_argument("--serve-proxy", default="haproxy", choices=["haproxy", "python"],
-                   help="how HTTP reaches the ingress: haproxy = Serve's HAProxy mode (default; measured on 2 shared cores: 0.90x the "
-                        "standalone q/s at 50 single-query clients on 2 cores, the Python proxy 0.52x), "
-                        "python = Serve's own proxy. A `ray start` cluster needs RAY_SERVE_ENABLE_HA_PROXY=1 "
-                        "in the environment of `ray start` for haproxy; --ray-address local sets it itself")
+    g.add_argument("--serve-proxy", default="python", choices=["python", "haproxy"],
+                   help="how HTTP reaches the ingress: python = Serve's own proxy (default; binds only "
+                        "--host:--port); haproxy = Serve's HAProxy mode, much less CPU per request (on 2 "
+                        "shared cores, 50 single-query clients: 0.90x the standalone q/s against 0.52x) "
+                        "but it also opens HAProxy's stats and Prometheus ports on every interface "
+                        "(firewall them). A `ray start` cluster needs RAY_SERVE_ENABLE_HA_PROXY=1 in the "
+                        "environment of `ray start`; --ray-address local sets it itself")
     g.add_argument("--shards", type=_positive_int, default=None,
                    help="shard deployments (default: the index's slices, `build --shards K`; a single Flat "
                         "index is cut into K row ranges at load time)")

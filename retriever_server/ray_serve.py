@@ -17,10 +17,12 @@ A shard that does not answer within --shard-timeout-s, or whose replica died, is
 When a shard still has no answer the request fails with 503 naming the shards that did not answer:
 a partial top-k is never returned as if it were complete. /health reports how many shards answer.
 
-HTTP reaches the ingress through HAProxy (`--serve-proxy haproxy`, the default: Serve's HAProxy mode,
-C code shipped with ray[serve]) or Serve's Python proxy (`--serve-proxy python`). The mode is the
-Serve controller's: a `ray start` cluster needs RAY_SERVE_ENABLE_HA_PROXY=1 in the environment of
-`ray start` on every node (with --ray-address local this process sets it).
+HTTP reaches the ingress through Serve's Python proxy (`--serve-proxy python`, the default: it binds
+only --host:--port) or HAProxy (`--serve-proxy haproxy`: Serve's HAProxy mode, C code shipped with
+ray[serve], much less CPU per request; it also opens a stats page and a Prometheus endpoint on every
+interface, so firewall those ports). The mode is the Serve controller's: a `ray start` cluster needs
+RAY_SERVE_ENABLE_HA_PROXY=1 in the environment of `ray start` on every node (with --ray-address local
+this process sets it).
 
 Ray places each shard replica where its reserved CPUs (--shard-cpus) and memory (its slice's size,
 or --shard-memory-gb) fit. Ray Serve's HTTP proxy runs on every node of the cluster on --host/--port.
@@ -251,12 +253,20 @@ def _init_ray(args) -> None:
 
     if args.serve_proxy == "haproxy":
         # Serve reads this in its controller: HAProxy (C, shipped with ray[serve]) forwards HTTP straight
-        # to the ingress replicas instead of Serve's Python proxy, which cost a third of the throughput
-        # with 50 single-query clients on 2 cores (bench/retriever_ray.py).
+        # to the ingress replicas instead of Serve's Python proxy (measured on 2 shared cores with 50
+        # single-query clients: 0.90x the standalone q/s instead of 0.52x; bench/retriever_ray.py).
         os.environ[HAPROXY_ENV] = "1"
+        if args.ray_address == "local":
+            # HAProxy also serves its stats page and Prometheus metrics, on fixed ports (8404, 9101) of
+            # every interface; free ports keep a second local deployment on this machine from failing.
+            from .launcher import free_port
+            for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
+                os.environ.setdefault(name, str(free_port()))
     env = {"env_vars": {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                                                     "TOKENIZERS_PARALLELISM", "OMP_WAIT_POLICY",
-                                                    "PYTHONPATH", "SEARCH_R1_HOME", HAPROXY_ENV)
+                                                    "PYTHONPATH", "SEARCH_R1_HOME", HAPROXY_ENV,
+                                                    "RAY_SERVE_HAPROXY_STATS_PORT",
+                                                    "RAY_SERVE_HAPROXY_METRICS_PORT")
                         if k in os.environ}}
     if args.ray_address == "local":
         # Ray places replicas by reserved CPUs; a local cluster gets enough logical CPUs for them all.
@@ -290,5 +300,9 @@ def cmd_serve_ray(args) -> None:
     signal.signal(signal.SIGINT, on_signal)
     while not stop["now"]:
         time.sleep(0.5)
-    serve.delete(APP_NAME)
-    print(f"[retriever] Ray Serve application '{APP_NAME}' deleted", file=sys.stderr, flush=True)
+    if args.ray_address == "local":
+        serve.shutdown()   # stops the HAProxy process too, which killing the cluster would orphan
+        print("[retriever] Ray Serve shut down", file=sys.stderr, flush=True)
+    else:
+        serve.delete(APP_NAME)
+        print(f"[retriever] Ray Serve application '{APP_NAME}' deleted", file=sys.stderr, flush=True)
