@@ -240,7 +240,18 @@ def deploy(args, name: str = APP_NAME) -> str:
     from ray import serve
 
     app = build_application(args)
-    serve.start(http_options={"host": args.host, "port": args.port})
+    for attempt in range(3):
+        try:
+            serve.start(http_options={"host": args.host, "port": args.port})
+            break
+        except Exception as exc:  # noqa: BLE001 - the proxy actor missed Serve's start-up deadline
+            if attempt == 2:
+                raise
+            # On a loaded machine the proxy (HAProxy manager) may not be ready within Serve's fixed
+            # 60 s, and Serve kills it; a second start usually finds the worker processes warm.
+            print(f"[retriever] Serve's HTTP proxy did not start ({type(exc).__name__}); retrying",
+                  file=sys.stderr, flush=True)
+            serve.shutdown()
     serve.run(app, name=name, route_prefix="/", blocking=False)
     return f"http://{args.host}:{args.port}/retrieve"
 
@@ -262,11 +273,13 @@ def _init_ray(args) -> None:
             from .launcher import free_port
             for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
                 os.environ.setdefault(name, str(free_port()))
+        os.environ.setdefault("RAY_SERVE_HAPROXY_STARTUP_TIMEOUT_S", "120")   # Serve's 30 s: too short on 2 busy cores
     env = {"env_vars": {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                                                     "TOKENIZERS_PARALLELISM", "OMP_WAIT_POLICY",
                                                     "PYTHONPATH", "SEARCH_R1_HOME", HAPROXY_ENV,
                                                     "RAY_SERVE_HAPROXY_STATS_PORT",
-                                                    "RAY_SERVE_HAPROXY_METRICS_PORT")
+                                                    "RAY_SERVE_HAPROXY_METRICS_PORT",
+                                                    "RAY_SERVE_HAPROXY_STARTUP_TIMEOUT_S")
                         if k in os.environ}}
     if args.ray_address == "local":
         # Ray places replicas by reserved CPUs; a local cluster gets enough logical CPUs for them all.
