@@ -62,7 +62,10 @@ def run_comparison(args) -> tuple[list[dict], list[str]]:
                 for name, server in servers.items():
                     others = {n: psutil.Process(s.proc.pid) for n, s in servers.items() if n != name}
                     other0 = {n: _tree_cpu_s(p) for n, p in others.items()}
+                    me = psutil.Process(server.proc.pid)
+                    cpu0 = _tree_cpu_s(me)
                     r = run_load(server.port, questions, 1, c, seg, args.warmup, offset=rnd * 7919)
+                    r.server_cpu_s = _tree_cpu_s(me) - cpu0   # warm-up included, as r.warm_queries
                     results[(name, c)].add(r)
                     for n, p in others.items():   # what the idle server burns while the other is loaded
                         idle_cpu[n] += _tree_cpu_s(p) - other0[n]
@@ -81,20 +84,24 @@ def run_comparison(args) -> tuple[list[dict], list[str]]:
             rows.append({"server": name, "clients": c, "qps": ld.queries_per_s, "p50": ld.latency_ms(50),
                          "p99": ld.latency_ms(99), "errors": ld.errors, "ratio": ld.queries_per_s / max(base, 1e-9),
                          "rss": rss[name], "first_error": ld.first_error,
-                         "mean_batch": health[name].get("batching", {}).get("mean_batch_queries")})
+                         "mean_batch": health[name].get("batching", {}).get("mean_batch_queries"),
+                         "cpu_ms": 1e3 * ld.server_cpu_s / max(1, ld.queries + ld.warm_queries)})
     wall = args.duration * len(args.clients) + args.warmup * args.rounds * len(args.clients)
     notes = [f"dense MiniLM fp32 Flat over {passages:,} synthetic passages; B=1 query per request; "
              f"{args.duration:g} s measured per server and C in {args.rounds} interleaved rounds (+{args.warmup:g} s "
              "warm-up each); both servers up for the whole run",
              f"Ray Serve: {args.shards} shard deployment(s) x 1 replica, 1 ingress replica, "
-             f"--serve-proxy {args.serve_proxy}; idle CPU of the "
+             f"--serve-proxy {args.serve_proxy}; server CPU ms per query: CPU time of the whole server process "
+             "tree (for Ray: GCS, raylet, controller, proxy, replicas) per answered query, which other work on "
+             "the machine changes less than q/s; idle CPU of the "
              f"other server while one was loaded: standalone {100 * idle_cpu['standalone'] / wall:.0f}% of a core, "
              f"Ray {100 * idle_cpu['ray'] / wall:.0f}% of a core"]
     return rows, notes
 
 
 def render(rows: list[dict], notes: list[str], args) -> str:
-    head = "| server | clients (B=1) | q/s | x standalone | p50 ms | p99 ms | errors | mean server batch | RSS MB | target |"
+    head = ("| server | clients (B=1) | q/s | x standalone | p50 ms | p99 ms | errors | server CPU ms per query "
+            "| mean server batch | RSS MB | target |")
     lines = [f"Retriever on Ray Serve vs standalone, {os.cpu_count()} CPU cores shared by servers and load "
              f"generator (1-min load average {os.getloadavg()[0]:.1f} at the end).", "", head,
              "|" + "---|" * (head.count("|") - 1)]
@@ -105,7 +112,7 @@ def render(rows: list[dict], notes: list[str], args) -> str:
             target = f">= 0.8x standalone, 0 errors: {'met' if met else 'not met'}"
         lines.append(f"| {'Ray Serve, %d shards' % args.shards if r['server'] == 'ray' else 'standalone'} "
                      f"| {r['clients']} | {r['qps']:,.0f} | {r['ratio']:.2f} | {r['p50']:.1f} | {r['p99']:.1f} "
-                     f"| {r['errors']} | {r['mean_batch']} | {r['rss']:,.0f} | {target} |")
+                     f"| {r['errors']} | {r['cpu_ms']:.1f} | {r['mean_batch']} | {r['rss']:,.0f} | {target} |")
     errors = [f"{r['server']} C={r['clients']}: {r['first_error']}" for r in rows if r["first_error"]]
     return "\n".join(lines + [""] + [f"- {n}" for n in notes + errors]) + "\n"
 
