@@ -177,11 +177,25 @@ def checkpoint_rollout_settings(model: str) -> dict:
     return out
 
 
-def load_examples(cfg: EvalConfig, tokenizer) -> list[Example]:
-    """Every row of every data file (prompts longer than max_start_length dropped with a warning)."""
+def _question_id(path, file_index: int, row: int, ids: list[str] | None, seen: set[str]) -> str:
+    """The parquet `id` of a row (else "file:row"), made unique across the files of one run."""
+    qid = ids[row] if ids is not None else f"{Path(path).stem}:{row}"
+    if qid in seen:  # the same id in two files (e.g. the same test set twice): keep them apart
+        qid = f"{Path(path).name}#{file_index}:{qid}"
+    seen.add(qid)
+    return qid
+
+
+def _id_column(path) -> list[str] | None:
     import pandas as pd
     import pyarrow.parquet as pq
 
+    has_id = "id" in pq.read_schema(path).names
+    return pd.read_parquet(path, columns=["id"])["id"].astype(str).tolist() if has_id else None
+
+
+def load_examples(cfg: EvalConfig, tokenizer) -> list[Example]:
+    """Every row of every data file (prompts longer than max_start_length dropped with a warning)."""
     from search_r1.data.dataset import PromptDataset
 
     protocol = "tags" if cfg.protocol == "auto" else cfg.protocol
@@ -189,15 +203,32 @@ def load_examples(cfg: EvalConfig, tokenizer) -> list[Example]:
     seen: set[str] = set()
     for i, path in enumerate(cfg.data):
         ds = PromptDataset([path], tokenizer, cfg.max_start_length, protocol=protocol, on_overlong="skip")
-        has_id = "id" in pq.read_schema(path).names
-        ids = pd.read_parquet(path, columns=["id"])["id"].astype(str).tolist() if has_id else None
+        ids = _id_column(path)
         for rec in ds.records:
-            row = int(rec.uid.rsplit(":", 1)[1])
-            qid = ids[row] if ids is not None else f"{Path(path).stem}:{row}"
-            if qid in seen:  # the same id in two files (e.g. the same test set twice): keep them apart
-                qid = f"{Path(path).name}#{i}:{qid}"
-            seen.add(qid)
+            qid = _question_id(path, i, int(rec.uid.rsplit(":", 1)[1]), ids, seen)
             examples.append(Example(qid, rec.data_source, rec.question, rec.golden_answers, rec))
+    return examples
+
+
+def load_questions(data) -> list[Example]:
+    """The questions of Search-R1 parquet files without tokenizing their prompts (agents build their
+    own): same ids, sources and gold answers as `load_examples`; `record` is None. Rows whose
+    question cannot be recovered (no `question` column, no "Question: ..." in the prompt) raise."""
+    from search_r1.data.rows import parse_messages, parse_targets, read_frame, recover_question
+
+    examples: list[Example] = []
+    seen: set[str] = set()
+    for i, path in enumerate(data):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"--data {path}: no such file (a Search-R1 parquet file)")
+        ids = _id_column(path)
+        for row, rec in enumerate(read_frame(Path(path)).to_dict("records")):
+            question = recover_question(rec, parse_messages(rec["prompt"], Path(path), row))
+            if not question:
+                raise ValueError(f"{path} row {row}: no question text (no `question` column and no "
+                                 "'Question: ...' in the prompt); agents need the question itself")
+            examples.append(Example(_question_id(path, i, row, ids, seen), str(rec["data_source"]),
+                                    question, tuple(parse_targets(rec["reward_model"], Path(path), row)), None))
     return examples
 
 
@@ -257,9 +288,11 @@ def _changes(saved, now, key: str = "") -> dict:
     return {key: tuple(short)}
 
 
-def _prepare_out_dir(cfg: EvalConfig, identity: dict) -> dict[str, dict]:
-    """Return the predictions to reuse, after checking they were made with cfg's settings and the
-    same resolved model, tokenizer, template, data and retriever (`identity`)."""
+def prepare_out_dir(cfg, identity: dict | None = None) -> dict[str, dict]:
+    """Create the output dir `cfg.out`; return the predictions to reuse, after checking they were made
+    with the same `cfg.resume_view()` and, when given, the same resolved model, tokenizer, template,
+    data and retriever (`identity`, see evaluation.identity). `cfg.overwrite` discards them. Any config
+    with `out`, `overwrite` and `resume_view()` (EvalConfig, the agents' configs) works."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     preds, run_cfg = out / PREDICTIONS, out / RUN_CONFIG
@@ -267,7 +300,8 @@ def _prepare_out_dir(cfg: EvalConfig, identity: dict) -> dict[str, dict]:
         preds.unlink(missing_ok=True)
         (out / RESULTS).unlink(missing_ok=True)
     done = read_predictions(preds)
-    mine = json.loads(json.dumps({**cfg.resume_view(), "resolved": identity}))  # tuples -> lists, as saved
+    view = cfg.resume_view() if identity is None else {**cfg.resume_view(), "resolved": identity}
+    mine = json.loads(json.dumps(view))  # tuples -> lists, as saved
     if done:
         saved = json.loads(run_cfg.read_text()) if run_cfg.is_file() else {}
         diff = _changes({k: saved.get(k) for k in mine}, mine)
@@ -279,9 +313,7 @@ def _prepare_out_dir(cfg: EvalConfig, identity: dict) -> dict[str, dict]:
         with open(preds, "w", encoding="utf-8") as f:
             for rec in done.values():
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    tmp = run_cfg.with_name(RUN_CONFIG + ".part")
-    tmp.write_text(json.dumps(mine, indent=2) + "\n")
-    tmp.replace(run_cfg)
+    write_atomic(run_cfg, json.dumps(mine, indent=2) + "\n")
     return done
 
 
@@ -304,21 +336,34 @@ def _open_retriever(cfg: EvalConfig, stack, out: Path):
         raise ValueError(f"mode {cfg.mode} needs a retriever: pass --retriever-url URL (a running "
                          f"`python -m retriever_server serve`) or --retriever-index DIR (served for this "
                          f"run), or use --no-search")
+    return open_retriever(cfg.retriever_urls, cfg.retriever_index, cfg.topk, stack, out / "retriever.log")
+
+
+def open_retriever(urls, index: str | None, topk: int, stack, log_path: Path):
+    """A RetrieverClient over `urls` (running servers), or over a server started now for the index
+    directory `index` on a free loopback port; `stack` (an ExitStack) stops and closes them."""
     from search_r1.search import RetrieverClient
 
-    urls = list(cfg.retriever_urls)
-    if cfg.retriever_index:
+    urls = list(urls)
+    if index:
         from retriever_server.launcher import ServerProcess
 
-        server = ServerProcess([cfg.retriever_index], out / "retriever.log",
-                               flags=["--torch-threads", "1", "--faiss-threads", "1"])
+        server = ServerProcess([index], log_path, flags=["--torch-threads", "1", "--faiss-threads", "1"])
         server.start()
         stack.callback(server.stop)
         urls = [server.url]
-        log.warning("serving %s at %s for this evaluation", cfg.retriever_index, server.url)
-    client = RetrieverClient(urls if len(urls) > 1 else urls[0], topk=cfg.topk)
+        log.warning("serving %s at %s for this run", index, server.url)
+    client = RetrieverClient(urls if len(urls) > 1 else urls[0], topk=topk)
     stack.callback(client.close)
     return client
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temp sibling, then rename it over `path`: readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
 
 
 def _load_generator(cfg: EvalConfig, tokenizer):
@@ -435,7 +480,7 @@ def evaluate(cfg: EvalConfig, generator=None, tokenizer=None, search_engine=None
             tokenizer = _load_tokenizer(cfg)
         model_dir = None if given or cfg.base_url else resolve_model_dir(cfg.model)
         # before the weights load: a resume that would mix two models is refused at once
-        done = _prepare_out_dir(cfg, resolved_identity(cfg, tokenizer, model_dir, engine))
+        done = prepare_out_dir(cfg, resolved_identity(cfg, tokenizer, model_dir, engine))
         if not given:
             generator = _load_generator(cfg, tokenizer)
             if hasattr(generator, "close"):
@@ -493,7 +538,5 @@ def evaluate(cfg: EvalConfig, generator=None, tokenizer=None, search_engine=None
         "timing": {"seconds": round(seconds, 2), "load_seconds": round(t_load, 2), "evaluated_now": len(pending),
                    "seconds_per_question": round((seconds - t_load) / max(1, len(pending)), 3)},
     }
-    tmp = out / (RESULTS + ".part")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
-    tmp.replace(out / RESULTS)
+    write_atomic(out / RESULTS, json.dumps(results, indent=2) + "\n")
     return results

@@ -29,6 +29,10 @@ the model is trained on is token for token what it reads at rollout time. A sear
 kept only when what it needs is visible in the (possibly shortened) observation: the gold answer in
 the last one and, on two-hop questions, the bridge entity in the first; so the model learns to read
 evidence rather than to memorise answers. Every policy turn must fit `rollout.max_tokens_per_turn`.
+With `protocol="tool_call"` a search is a `<tool_call>` in the JSON form the row's prompt shows
+(`{"action": "web_search", "action_input": {...}}` when the prompt asks for that, e.g.
+`search_r1.agents.toolcall`'s; `{"name": "search", ...}` otherwise) and observations are
+`<tool_response>` blocks.
 
 Loss: token-mean cross entropy over the policy's tokens only (prompt and observation masked: the
 info_mask idea of the RL update). AdamW, bf16 autocast optional, fixed seed.
@@ -72,11 +76,17 @@ THINK_ANSWER = {"search": "<think> The passages give the answer. </think>\n",
 ANSWER = "<answer> {answer} </answer>"
 
 
-def search_action(query: str, protocol: str) -> str:
-    """The policy's search action for `query` under `protocol` (what `protocol.parse_action` reads)."""
-    if protocol == "tool_call":
-        return "<tool_call>" + json.dumps({"name": "search", "arguments": {"query": query}}) + "</tool_call>"
-    return f"<search> {query} </search>"
+def search_action(query: str, protocol: str, prompt_text: str = "") -> str:
+    """The policy's search action for `query` under `protocol` (what `protocol.parse_action` reads);
+    a tool call takes the JSON form the prompt shows: `{"action": "web_search", "action_input": {...}}`
+    when it asks for that (search_r1.agents.toolcall's prompt), else `{"name": "search", ...}`."""
+    if protocol != "tool_call":
+        return f"<search> {query} </search>"
+    if '"action": "web_search"' in prompt_text:
+        call = {"action": "web_search", "action_input": {"query": query}}
+    else:
+        call = {"name": "search", "arguments": {"query": query}}
+    return "<tool_call>" + json.dumps(call, ensure_ascii=False) + "</tool_call>"
 
 
 @dataclass(frozen=True)
@@ -174,9 +184,11 @@ class _DemoWriter:
             second = dict(zip(second_rows, self.observe([rows[i]["follow_up"] for i in second_rows])))
             for i, r in enumerate(rows):
                 think = THINK_FIRST_TWO_HOP if r["hops"] == 2 else THINK_FIRST
-                parts[i] = [think.format(subject=r["subject"]) + search_action(r["question"], self.protocol), first[i]]
+                shown = " ".join(str(m.get("content", "")) for m in r["messages"])
+                parts[i] = [think.format(subject=r["subject"]) + search_action(r["question"], self.protocol, shown),
+                            first[i]]
                 if r["hops"] == 2:
-                    parts[i] += [THINK_BRIDGE.format(bridge=r["bridge"]) + search_action(r["follow_up"], self.protocol),
+                    parts[i] += [THINK_BRIDGE.format(bridge=r["bridge"]) + search_action(r["follow_up"], self.protocol, shown),
                                  second[i]]
         demos = []
         for r, p, prompt in zip(rows, parts, self.prompts(rows)):
@@ -265,6 +277,19 @@ def build_demos(tokenizer, search_engine, train_files, n_examples: int, seed: in
     log.info("warm-start demonstrations (%s): %d single-hop, %d two-hop kept, skipped %s", fmt,
              sum(d.hops == 1 for d in demos), sum(d.hops == 2 for d in demos), writer.stats)
     return demos
+
+
+def _search_turn(row: dict, protocol: str) -> str:
+    """The demonstration's first policy turn: a search for the question, in the protocol's syntax
+    (for tool_call, in the JSON form the row's prompt shows)."""
+    if protocol == "tags":
+        return THINK_SEARCH.format(subject=row["subject"], query=row["question"])
+    prompt = " ".join(m["content"] for m in row["messages"])
+    if '"action": "web_search"' in prompt:
+        call = {"action": "web_search", "action_input": {"query": row["question"]}}
+    else:
+        call = {"name": "search", "arguments": {"query": row["question"]}}
+    return THINK_TOOL_CALL.format(subject=row["subject"], call=json.dumps(call, ensure_ascii=False))
 
 
 def _batches(demos: list[Demo], batch_size: int, steps: int, seed: int):

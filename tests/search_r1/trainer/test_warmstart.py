@@ -92,18 +92,6 @@ def test_two_hop_demos_search_the_bridge_then_its_attribute(tokenizer, client, s
         assert policy.count("<search>") == 2 and "<information>" not in policy
 
 
-def test_tool_call_demos_speak_the_tool_call_protocol(tokenizer, client, synth_world):
-    from search_r1.protocol import parse_action
-
-    demos = build_demos(tokenizer, client, [synth_world / "train.parquet"], n_examples=4, seed=0,
-                        max_obs_length=OBS, max_tokens_per_turn=TURN, protocol="tool_call")
-    for d in demos:
-        first_turn = d.response_text.split("<tool_response>")[0]
-        action = parse_action(first_turn, "tool_call")
-        assert (action.kind, action.content) == ("search", d.question)
-        assert d.response_text.removesuffix(tokenizer.eos_token).endswith("</answer>")
-
-
 @pytest.mark.parametrize("fmt", ["no_search", "rag"])
 def test_baseline_demos_use_the_eval_prompt_and_answer_in_one_turn(fmt, tokenizer, client, synth_world):
     from search_r1.prompts import apply_chat_template, baseline_messages, rag_documents
@@ -117,6 +105,37 @@ def test_baseline_demos_use_the_eval_prompt_and_answer_in_one_turn(fmt, tokenize
         assert all(d.loss_mask[d.prompt_length:])  # no observation: the whole response is the policy's
         assert "<search>" not in d.response_text and check_format_correctness(d.response_text) == 0.5
         assert compute_reward(d.response_text, list(d.golden_answers)) == 2.5
+
+
+@pytest.mark.parametrize("agent_prompt", [False, True])
+def test_tool_call_demos_in_the_form_the_prompt_shows(tokenizer, client, synth_world, tmp_path, agent_prompt):
+    """tool_call demonstrations: a search tool call the protocol parser reads back as the question,
+    a <tool_response> observation (masked) exactly as the rollout writes it, then the answer; the JSON
+    form follows the prompt (the tool-call agent's prompt shows {"action": "web_search", ...})."""
+    import pandas as pd
+
+    from search_r1.agents.prompts import toolcall_messages
+    from search_r1.protocol import parse_action
+
+    train = synth_world / "train.parquet"
+    if agent_prompt:
+        frame = pd.read_parquet(train)
+        frame["prompt"] = [toolcall_messages(q, budget=5, date="2026-11-23") for q in frame["question"]]
+        train = tmp_path / "train_agent.parquet"
+        frame.to_parquet(train)
+    demos = build_demos(tokenizer, client, [train], 4, 0, OBS, 96, protocol="tool_call")
+    assert len(demos) == 4
+    for d in demos:
+        kept = tokenizer.decode([t for t, m in zip(d.input_ids, d.loss_mask) if m], skip_special_tokens=False)
+        obs = tokenizer.decode([t for t, m in zip(d.input_ids[d.prompt_length:], d.loss_mask[d.prompt_length:])
+                                if not m], skip_special_tokens=False)
+        action = parse_action(kept, "tool_call")
+        assert (action.kind, action.content) == ("search", d.question)
+        assert ('"action": "web_search"' in kept) is agent_prompt and ('"name": "search"' in kept) is not agent_prompt
+        assert obs.startswith("\n\n<tool_response>") and obs.endswith("</tool_response>\n\n")
+        assert "<information>" not in d.response_text and kept.endswith("</answer>" + tokenizer.eos_token)
+        assert parse_action(d.response_text[d.response_text.index("</tool_call>"):], "tool_call").content == \
+            d.golden_answers[0]
 
 
 def test_masked_loss_matches_a_hand_computed_reference(demos, tokenizer):
