@@ -278,12 +278,19 @@ class TrainerConfig:
     # wandb project / run name (used when "wandb" is in loggers).
     project: str = "search-r1-cpu"
     experiment_name: str = "grpo_cpu"
+    # Warn (ALARM line, alarm/* metrics) when K3 KL averaged over alarm_window steps exceeds this
+    # (0 = off); the sampled EM falling below half its start and a validation EM significantly below
+    # the first one are reported too (search_r1/trainer/alarms.py).
+    kl_alarm: float = 0.1
+    # Steps averaged by the alarms.
+    alarm_window: int = 5
 
     def __post_init__(self):
         object.__setattr__(self, "loggers", tuple(self.loggers))
         for key in ("total_steps", "batch_size", "mini_batch_size", "ppo_epochs", "micro_batch_size",
-                    "val_batch_size", "keep_last", "n_workers", "threads_per_worker"):
+                    "val_batch_size", "keep_last", "n_workers", "threads_per_worker", "alarm_window"):
             _check_range(f"trainer.{key}", getattr(self, key), 1)
+        _check_range("trainer.kl_alarm", self.kl_alarm, 0.0)
         for key in ("test_freq", "save_freq"):
             _check_range(f"trainer.{key}", getattr(self, key), 0)
         if self.batch_size % self.mini_batch_size:

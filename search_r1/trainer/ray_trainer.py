@@ -34,6 +34,7 @@ from search_r1.data.dataset import repeat_interleave
 from search_r1.evaluation.metrics import OVERALL, aggregate, score_response
 from search_r1.rewards import check_format_correctness, em_score, get_reward_fn
 from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager
+from search_r1.trainer.alarms import RunAlarms
 from search_r1.trainer.config import TrainConfig
 from search_r1.trainer.workers import WorkerGroupGenerator, arrange_for_dp, worker_seconds
 
@@ -105,6 +106,7 @@ class RayGRPOTrainer:
                                and config.trainer.ppo_epochs == 1)
         self.global_step = 0
         self.history: list[dict] = []  # every logged metrics dict, for the caller's summary
+        self.alarms = RunAlarms(kl=config.trainer.kl_alarm, window=config.trainer.alarm_window)
 
     # -- the loop -----------------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -363,6 +365,9 @@ class RayGRPOTrainer:
                                     "response": texts[i]}) + "\n")
 
     def _log(self, metrics: dict, step: int) -> dict:
+        for message in self.alarms.check(metrics):  # adds alarm/* to metrics
+            tqdm.write(f"[trainer] step {step}: {message}")
+            log.warning("step %d: %s", step, message)
         # non-finite values are kept: MetricsLogger records them as null and warns, tests catch them
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float, np.floating))}
         self.history.append({"step": step, **clean})
