@@ -25,3 +25,16 @@ def test_too_few_rows_fail_naming_the_fix(synth_world, tmp_path, capsys):
         carve_dev(synth_world / "train.parquet", tmp_path, per_source=10**6)
     assert main(["--train", str(synth_world / "train.parquet"), "--out", str(tmp_path), "--per-source", "0"]) == 2
     assert ">= 1" in capsys.readouterr().err
+
+
+def test_sources_keep_only_the_named_data_sources(synth_world, tmp_path, capsys):
+    train = synth_world / "train.parquet"
+    rest, dev = carve_dev(train, tmp_path / "nq", per_source=10, sources=["synth_nq"])
+    whole, r, d = pd.read_parquet(train), pd.read_parquet(rest), pd.read_parquet(dev)
+    assert set(r["data_source"]) == set(d["data_source"]) == {"synth_nq"}
+    assert len(r) + len(d) == int((whole["data_source"] == "synth_nq").sum())
+    # a split of all sources in the same directory is carved again, not reused
+    _, dev_all = carve_dev(train, tmp_path / "nq", per_source=10)
+    assert set(pd.read_parquet(dev_all)["data_source"]) == set(whole["data_source"])
+    assert main(["--train", str(train), "--out", str(tmp_path / "x"), "--sources", "synth_typo"]) == 2
+    assert "synth_typo" in capsys.readouterr().err
