@@ -11,6 +11,8 @@ BM25 retriever this script starts on the default synthetic world) with overrides
     vllm            the config as shipped: vLLM float32, OpenMP bound to every core
     vllm-bf16       actor_rollout_ref.rollout.dtype=bfloat16
     vllm-one-core   VLLM_CPU_OMP_THREADS_BIND=auto (vLLM's default: one core of two, one reserved)
+    vllm-passive    OMP_WAIT_POLICY=PASSIVE: OpenMP threads sleep instead of spinning between parallel
+                    regions (the other Ray processes get the cores while vLLM's threads wait)
     vllm-avx2       vLLM float32 with oneDNN and torch limited to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2
                     ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2), an AVX2-only CPU's GEMMs
     vllm-bf16-avx2  the same with bf16 weights (what the earlier study's AVX2 machine ran)
@@ -38,6 +40,7 @@ VARIANTS = {
     "vllm": ([], {}),
     "vllm-bf16": (["actor_rollout_ref.rollout.dtype=bfloat16"], {}),
     "vllm-one-core": ([], {"VLLM_CPU_OMP_THREADS_BIND": "auto"}),
+    "vllm-passive": ([], {"OMP_WAIT_POLICY": "PASSIVE"}),
     "vllm-avx2": ([], AVX2),
     "vllm-bf16-avx2": (["actor_rollout_ref.rollout.dtype=bfloat16"], AVX2),
     "hf": (["actor_rollout_ref.rollout.name=hf"], {}),

@@ -9,7 +9,10 @@ Every row generates exactly --max-tokens tokens (EOS ignored), temperature 1, se
 chat-templated questions (~30 tokens). tokens/s = rows x max_tokens / wall seconds of one generate call,
 best of --repeats, after a warm-up call. Both sides use every core this process may run on: HF with
 torch.set_num_threads(cores), vLLM with its OpenMP threads bound to those cores (the CPU platform's
-rollout_env_vars()); the sides run one after the other, never together.
+rollout_env_vars()); the sides run one after the other, never together. On a host shared with
+other jobs, torch's OpenMP threads spin-wait at every parallel region for a sibling thread that may
+not be scheduled, which can make 2-thread figures 20-30x slower than 1-thread ones; --cores 1 avoids
+that (one thread per side), and the load average printed before and after says how busy the host was.
 
 --setting trainer measures what the embedded CPU trainer's rollout does per step (configs/grpo_cpu.yaml
 with the demo's data: 2 prompts x 4 samples, max_turns 1): a first turn of up to 40 tokens from the
@@ -131,8 +134,6 @@ def weight_sync_seconds(llm, path: str) -> float:
         process_weights_after_loading(model, worker.model_runner.vllm_config.model_config, worker.device)
         return _time.perf_counter() - start
 
-    # vLLM sends a function to its worker only when allowed (this process's own engine, our function).
-    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     return float(llm.collective_rpc(load, args=(path,))[0])
 
 
@@ -148,16 +149,29 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="new tokens per row (default 128; 40 for --setting trainer)")
     parser.add_argument("--repeats", type=int, default=2, help="timed repetitions per cell (the best counts)")
+    parser.add_argument("--cores", type=int, default=0,
+                        help="cores for each side (default 0: every core this process may run on); 1 gives "
+                             "figures that hold up on a busy host (module docstring)")
     parser.add_argument("--sides", nargs="+", default=["hf", "vllm"], choices=("hf", "vllm"), help="what to run")
     args = parser.parse_args()
     if __import__("importlib").util.find_spec("vllm") is None and "vllm" in args.sides:
         parser.error("vLLM is not installed in this python; run with .venv-vllm/bin/python (make install-vllm)")
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from verl_ext.cpu.platform import PlatformCPU
+    from verl_ext.cpu.platform import PlatformCPU, cpu_list_spec
+
+    allowed = sorted(os.sched_getaffinity(0))
+    if args.cores:
+        allowed = allowed[:args.cores]
+        os.sched_setaffinity(0, allowed)  # HF's threads; vLLM's are bound by the variable below
 
     os.environ.update(PlatformCPU().rollout_env_vars())  # read by the vLLM engine processes
-    cores = len(os.sched_getaffinity(0))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list_spec(allowed)
+    if args.setting == "trainer":
+        # weight_sync_seconds sends a function to vLLM's worker, which vLLM allows only with this set
+        # (read when the engine starts; a local engine running our own function).
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    cores = len(allowed)
     from search_r1.models import load_tokenizer, resolve_model_path
 
     path = resolve_model_path(args.model)
@@ -172,6 +186,7 @@ def main() -> None:
         if "hf" in args.sides:
             for b in batches:
                 hf[b] = bench_hf(path, dtype, cores, prompt_sets(tok, args.setting, b), max_tokens, args.repeats)
+                print(f"HF {dtype} rows {b}: {hf[b]:.2f} s", flush=True)
         vl, sync = {}, None
         if "vllm" in args.sides:
             start = time.perf_counter()
@@ -179,6 +194,7 @@ def main() -> None:
             print(f"vLLM engine start ({dtype}): {time.perf_counter() - start:.1f} s")
             for b in batches:
                 vl[b] = bench_vllm(llm, prompt_sets(tok, args.setting, b), max_tokens, args.repeats)
+                print(f"vLLM {dtype} rows {b}: {vl[b]:.2f} s", flush=True)
             if args.setting == "trainer":
                 sync = weight_sync_seconds(llm, path)
             llm.llm_engine.engine_core.shutdown()
