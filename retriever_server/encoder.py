@@ -5,14 +5,17 @@ or a plain HF encoder directory (mean pooling), with transformers' AutoModel/Aut
 Importing sentence-transformers costs 2-3x more start-up time than transformers (it pulls in
 scikit-learn and its training stack), which a query server pays on every start.
 
-    emb = normalize(pool(last_hidden_state [n, L, H], attention_mask [n, L]))   -> [n, H] float32
+    emb = pool(last_hidden_state [n, L, H], attention_mask [n, L])   -> [n, H] float32
+    emb = emb / ||emb||                                               (when the convention normalizes)
 
 Pooling `mean` averages the non-padding token states, `cls` takes the first token, `max` the
-element-wise max over non-padding tokens. Embeddings are always L2-normalized (inner product =
-cosine), which is what the faiss indexes expect.
+element-wise max over non-padding tokens. The encoder convention (conventions.py: e5, bge, st, dpr)
+says which pooling, which query / passage prefix and whether vectors are L2-normalized; without one,
+the pooling the directory declares and normalization (inner product = cosine).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from pathlib import Path
@@ -25,16 +28,17 @@ QUANTIZE = ("none", "int8")
 _SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
 
 
-def read_st_layout(model_dir: Path) -> tuple[Path, str, int | None]:
-    """(transformer dir, pooling mode, max_seq_length) of a sentence-transformers or HF directory.
+def read_st_layout(model_dir: Path) -> tuple[Path, str, int | None, bool]:
+    """(transformer dir, pooling mode, max_seq_length, normalized) of a sentence-transformers or HF
+    directory; a plain HF directory gives mean pooling, normalized.
 
     Raises:
         ValueError: for sentence-transformers modules this encoder does not implement (e.g. Dense).
     """
     modules_file = model_dir / "modules.json"
     if not modules_file.exists():
-        return model_dir, "mean", None
-    transformer_dir, pooling = model_dir, "mean"
+        return model_dir, "mean", None, True
+    transformer_dir, pooling, normalize = model_dir, "mean", False
     for module in json.loads(modules_file.read_text()):
         kind = module["type"].rsplit(".", 1)[-1]
         if kind not in _SUPPORTED_MODULES:
@@ -43,6 +47,8 @@ def read_st_layout(model_dir: Path) -> tuple[Path, str, int | None]:
         path = model_dir / module.get("path", "")
         if kind == "Transformer":
             transformer_dir = path
+        elif kind == "Normalize":
+            normalize = True
         elif kind == "Pooling" and (path / "config.json").exists():
             cfg = json.loads((path / "config.json").read_text())
             pooling = ("cls" if cfg.get("pooling_mode_cls_token") else
@@ -53,7 +59,24 @@ def read_st_layout(model_dir: Path) -> tuple[Path, str, int | None]:
         if cfg_file.exists():
             max_len = json.loads(cfg_file.read_text()).get("max_seq_length")
             break
-    return transformer_dir, pooling, max_len
+    return transformer_dir, pooling, max_len, normalize
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """sha256 over the transformer's config.json and, per weight file, its size and first 4 MiB:
+    cheap for a 400 MB encoder, and different for two models of the same architecture (e5-base and
+    bge-base share their config)."""
+    transformer_dir = read_st_layout(Path(model_dir))[0]
+    h = hashlib.sha256()
+    cfg = transformer_dir / "config.json"
+    if cfg.exists():
+        h.update(cfg.read_bytes())
+    for name in sorted(p.name for p in transformer_dir.iterdir() if p.name.endswith((".safetensors", ".bin"))):
+        path = transformer_dir / name
+        h.update(f"{name}:{path.stat().st_size}".encode())
+        with open(path, "rb") as f:
+            h.update(f.read(4 << 20))
+    return h.hexdigest()[:16]
 
 
 def int8_engine() -> str:
@@ -66,15 +89,23 @@ def int8_engine() -> str:
 
 
 class TextEncoder:
-    """Batched text -> [n, dim] float32 unit vectors; safe to call from several threads."""
+    """Batched text -> [n, dim] float32 vectors (unit norm unless the convention says otherwise);
+    safe to call from several threads. `encode_queries` / `encode_passages` add the convention's
+    prefixes."""
 
-    def __init__(self, model_dir: str | Path, quantize: str = "none", max_seq_length: int | None = None):
+    def __init__(self, model_dir: str | Path, quantize: str = "none", max_seq_length: int | None = None,
+                 convention=None):
         if quantize not in QUANTIZE:
             raise ValueError(f"quantize={quantize!r}; allowed values are {list(QUANTIZE)}")
         import torch
         from transformers import AutoModel, AutoTokenizer
 
-        transformer_dir, self.pooling, st_max_len = read_st_layout(Path(model_dir))
+        transformer_dir, st_pooling, st_max_len, _ = read_st_layout(Path(model_dir))
+        if convention is None:
+            from .conventions import EncoderConvention
+            convention = EncoderConvention("st", pooling=st_pooling, normalize=True)
+        self.convention = convention
+        self.pooling, self.normalize = convention.pooling, convention.normalize
         self.tokenizer = AutoTokenizer.from_pretrained(str(transformer_dir), local_files_only=True)
         self.model = AutoModel.from_pretrained(str(transformer_dir), local_files_only=True).eval()
         limit = getattr(self.model.config, "max_position_embeddings", 512)
@@ -105,8 +136,19 @@ class TextEncoder:
             return hidden.masked_fill(m == 0, float("-inf")).max(dim=1).values
         return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)   # [n, H]
 
+    def encode_queries(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        """Queries as the convention encodes them (e5: "query: " + q, bge: its instruction + q)."""
+        prefix = self.convention.query_prefix
+        return self.encode([prefix + t for t in texts] if prefix else texts, batch_size)
+
+    def encode_passages(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        """Passages as the convention encodes them (e5: "passage: " + p)."""
+        prefix = self.convention.passage_prefix
+        return self.encode([prefix + t for t in texts] if prefix else texts, batch_size)
+
     def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
-        """[n] texts -> [n, dim] float32 with unit L2 norm (rows in input order)."""
+        """[n] texts, as given -> [n, dim] float32, L2-normalized when the convention says so (rows in
+        input order)."""
         import torch
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         # Length-sorted batches pad less; results are scattered back to input order.
@@ -119,6 +161,8 @@ class TextEncoder:
                                            max_length=self.max_seq_length, return_tensors="pt")
                 hidden = self.model(input_ids=batch["input_ids"],
                                     attention_mask=batch["attention_mask"]).last_hidden_state
-                emb = torch.nn.functional.normalize(self._pool(hidden, batch["attention_mask"]), dim=-1)
+                emb = self._pool(hidden, batch["attention_mask"])                 # [b, H]
+                if self.normalize:
+                    emb = torch.nn.functional.normalize(emb, dim=-1)
                 out[idx] = emb.float().numpy()
         return out

@@ -64,7 +64,7 @@ class Bf16FlatScreen:
         ids = np.empty((b_all, k), np.int64)
         ok = np.empty(b_all, bool)
         step = max(1, SCORE_BUDGET_BYTES // (2 * self.xb.shape[0]))
-        qt = torch.from_numpy(np.ascontiguousarray(q, dtype=np.float32))
+        qt = torch.from_numpy(np.require(q, np.float32, ["C", "W"]))  # copies read-only arrays (Ray's)
         with torch.inference_mode():
             for start in range(0, b_all, step):
                 s, i, c = self._search_slice(qt[start:start + step], k)

@@ -22,7 +22,10 @@
 # resolved config (Hydra's --cfg job --resolve). Nothing starts either way.
 # Environment: PYTHON (default: ./.venv/bin/python if present, else python3; for *_vllm configs
 # ./.venv-vllm/bin/python, the vLLM-on-CPU environment of `make install-vllm`, docs/vllm_cpu.md);
-# SEARCH_R1_FORCE_CPU=1 runs the embedded CPU trainer even when a GPU is visible.
+# SEARCH_R1_FORCE_CPU=1 runs the embedded CPU trainer even when a GPU is visible. The CPU paths (the
+# embedded trainer and the grpo_verl*_cpu / grpo_verl*_cpu_* configs) load local models only and run
+# with HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 unless you set them; the GPU path leaves them alone, so
+# a hub id such as grpo_verl's Qwen/Qwen2.5-3B-Instruct downloads on a fresh node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,8 +33,11 @@ PYTHON_GIVEN="${PYTHON:-}"
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
-export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TRANSFORMERS_OFFLINE="${TRANSFORMERS_OFFLINE:-1}"
 export TOKENIZERS_PARALLELISM=false
+
+offline() {  # the CPU paths never reach a model hub; an explicit setting of the user's wins
+  export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TRANSFORMERS_OFFLINE="${TRANSFORMERS_OFFLINE:-1}"
+}
 
 gpu_count() {
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -72,6 +78,7 @@ if [[ "$verl" == "1" ]]; then
   if [[ "$config_name" == *_cpu || "$config_name" == *_cpu_* ]]; then
     cpu_config=1
     export VERL_PLATFORM="${VERL_PLATFORM:-cpu}"
+    offline
   fi
   # *_vllm configs need vLLM, which lives in its own environment (docs/vllm_cpu.md).
   if [[ "$config_name" == *_vllm && -z "$PYTHON_GIVEN" ]]; then
@@ -92,6 +99,7 @@ if [[ "$verl" == "1" ]]; then
   exec "$PYTHON" -m verl_ext.main "${args[@]}"
 fi
 
+offline
 if [[ "$dry_run" == "1" ]]; then
   exec "$PYTHON" -m search_r1.trainer.main --cfg job --resolve "${args[@]}"
 fi

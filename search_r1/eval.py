@@ -11,7 +11,9 @@
 Greedy rollouts through the training rollout loop (`run_llm_loop`), scored with the training
 metric functions. Writes OUT/predictions.jsonl (per question: gold, prediction, scores, search
 queries, the whole trajectory), OUT/results.json and prints a markdown table. Re-running the same
-command resumes: questions already in predictions.jsonl are skipped. `search_r1.evaluation`
+command resumes: questions already in predictions.jsonl are skipped, unless the settings or what
+they resolve to changed (another checkpoint behind --model, tokenizer, template, data or
+retriever): then it stops, naming the change (--overwrite or another --out). `search_r1.evaluation`
 holds the implementation.
 """
 from __future__ import annotations
@@ -58,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-env", default=d["api_key_env"].default,
                    help="environment variable holding the server's API key; keys never go on the command line "
                         f"(default: {d['api_key_env'].default})")
+    p.add_argument("--allow-insecure-http", action="store_true",
+                   help="send the API key over plain http to a non-loopback --base-url (a network you trust); "
+                        "without it such a URL is refused while the key variable is set")
     p.add_argument("--name", help="run name in tables (default: the --out directory name)")
     p.add_argument("--limit", type=int, help="evaluate N questions: the first N of a seeded shuffle")
     p.add_argument("--limit-per-source", type=int, help="at most N questions per data_source (seeded)")
@@ -85,7 +90,9 @@ def _parser() -> argparse.ArgumentParser:
           "answer in one round of this cap times (max-turns + 1), the search mode's total", type=int)
     p.add_argument("--dtype", default=d["dtype"].default, choices=["float32", "bfloat16"], help=f"local model dtype (default: {d['dtype'].default})")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-    p.add_argument("--overwrite", action="store_true", help="discard earlier predictions in --out instead of resuming")
+    p.add_argument("--overwrite", action="store_true",
+                   help="discard earlier predictions in --out instead of resuming (a resume is refused when the "
+                        "settings, or the model, tokenizer, template, data or retriever they resolve to, changed)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--compare", nargs="+", metavar="RESULTS.json",
                    help="print earlier runs' results side by side and exit (no evaluation)")
@@ -129,7 +136,8 @@ def main(argv=None) -> int:
             model=args.model, data=tuple(args.data), out=args.out, **explicit,
             mode="no_search" if args.no_search else "rag" if args.rag else "search",
             retriever_urls=tuple(args.retriever_url), retriever_index=args.retriever_index,
-            base_url=args.base_url, tokenizer=args.tokenizer, api_key_env=args.api_key_env, name=args.name,
+            base_url=args.base_url, tokenizer=args.tokenizer, api_key_env=args.api_key_env,
+            allow_insecure_http=args.allow_insecure_http, name=args.name,
             limit=args.limit, limit_per_source=args.limit_per_source, seed=args.seed,
             batch_size=args.batch_size, dtype=args.dtype, threads=args.threads,
             overwrite=args.overwrite, progress=not args.no_progress)

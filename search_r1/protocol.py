@@ -4,7 +4,8 @@ Two protocols share one shape (a turn ends in exactly one action):
 
 - `tags` (Search-R1): `<search> query </search>` or `<answer> text </answer>`; results come back as
   `\\n\\n<information>{passages}</information>\\n\\n`.
-- `tool_call`: `<tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call>` (JSON) or
+- `tool_call`: `<tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call>` (JSON; the
+  QwQ form `{"action": "web_search", "action_input": {"query": "..."}}` is read too) or
   `<answer> text </answer>`; results come back as `\\n\\n<tool_response>{passages}</tool_response>\\n\\n`.
 
 The first complete action in a turn's text wins. Anything else (no action, malformed JSON, an empty
@@ -100,21 +101,60 @@ def parse_action(text: str, protocol: str = "tags") -> Action:
     return Action("search", query, m.end()) if query else Action("invalid")
 
 
-def _tool_call_query(payload: str) -> str:
-    """The query of a `{"name": "search", "arguments": {"query": ...}}` payload, or "" if malformed."""
+# Tool names that mean "search" in a tool call: ours, and the QwQ / ReAct agents' `web_search`.
+SEARCH_TOOL_NAMES = ("search", "web_search")
+TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A decoded `<tool_call>` payload: the tool's name and its arguments."""
+
+    name: str
+    arguments: dict
+
+
+def decode_tool_call(payload: str) -> ToolCall:
+    """The tool call in a `<tool_call>` payload, in either JSON form:
+
+        {"name": "search", "arguments": {"query": "..."}}            (ours, Qwen / OpenAI style;
+                                                                       arguments may be a JSON string)
+        {"action": "web_search", "action_input": {"query": "..."}}   (QwQ / ReAct style)
+
+    Raises ValueError saying what is wrong (not JSON, not an object, no tool name, arguments not an
+    object), in words a model can act on: agents send it back as the corrective tool response.
+    """
     try:
         call = json.loads(payload)
-    except (json.JSONDecodeError, ValueError):
-        return ""
-    if not isinstance(call, dict) or call.get("name") != "search":
-        return ""
-    args = call.get("arguments", {})
+    except (json.JSONDecodeError, ValueError) as exc:
+        raise ValueError(f"the tool call is not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(call, dict):
+        raise ValueError(f"the tool call must be a JSON object, got a {type(call).__name__}")
+    name_key, args_key = ("action", "action_input") if "action" in call else ("name", "arguments")
+    name = call.get(name_key)
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError('the tool call names no tool: write {"name": TOOL, "arguments": {...}} or '
+                         '{"action": TOOL, "action_input": {...}}')
+    args = call.get(args_key, {})
     if isinstance(args, str):  # OpenAI-style tool calls carry arguments as a JSON string
         try:
             args = json.loads(args)
         except (json.JSONDecodeError, ValueError):
-            return ""
-    query = args.get("query") if isinstance(args, dict) else None
+            raise ValueError(f"the {args_key} of the tool call are a string that is not a JSON object") from None
+    if not isinstance(args, dict):
+        raise ValueError(f"the {args_key} of the tool call must be a JSON object, got {type(args).__name__}")
+    return ToolCall(name.strip(), args)
+
+
+def _tool_call_query(payload: str) -> str:
+    """The query of a search tool call (either JSON form, see `decode_tool_call`), or "" if malformed."""
+    try:
+        call = decode_tool_call(payload)
+    except ValueError:
+        return ""
+    if call.name not in SEARCH_TOOL_NAMES:
+        return ""
+    query = call.arguments.get("query")
     return query.strip() if isinstance(query, str) else ""
 
 

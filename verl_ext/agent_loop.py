@@ -14,13 +14,16 @@ the same tokens and masks on both paths (tests/verl_ext/test_agent_loop_equivale
         append the observation with mask 0
 
 Lengths (verl pads prompts to `rollout.prompt_length` and responses to `rollout.response_length`):
-a prompt longer than `rollout.prompt_length` is not rolled out (truncated flag, as `max_start_length`
-in run_llm_loop); the response (generated + observation tokens) never exceeds
-`rollout.response_length`; prompt + response never exceeds `search_r1.max_context_length` (null =
-prompt_length + response_length); one turn generates at most `search_r1.max_tokens_per_turn`.
+a prompt longer than `rollout.prompt_length` keeps its last `prompt_length` tokens and is rolled out
+(verl's own loops and `max_start_length` in run_llm_loop cut alike; an empty response would break
+verl's reward placement for the whole group); the response (generated + observation tokens) never
+exceeds `rollout.response_length`; prompt + response never exceeds `search_r1.max_context_length`
+(null = prompt_length + response_length; it must exceed prompt_length, so every trajectory can
+generate); one turn generates at most `search_r1.max_tokens_per_turn`.
 
 Statistics go to `extra_fields["search_r1"]` (turns, valid actions, searches, search failures,
-truncated, answered, token counts), which verl stores per trajectory and the `search_r1` trainer mode
+truncated, answered, token counts, prompt tokens cut), which verl stores per trajectory and the
+`search_r1` trainer mode
 (verl_ext/trainer.py) aggregates per step.
 """
 from __future__ import annotations
@@ -167,13 +170,11 @@ class SearchR1AgentLoop(AgentLoopBase):
         want_logprobs = bool(sampling_params.get("logprobs"))
         full_prompt = await self.loop.run_in_executor(
             None, lambda: self.continuous_token_builder.build_initial_tokens(list(kwargs["raw_prompt"])))
-        prompt_ids = full_prompt[-self.gen_config.max_start_length:]
+        # verl's own cap (its loops' rule): the last rollout.prompt_length tokens, with a warning;
+        # data.filter_overlong_prompts=true drops such rows at load time instead.
+        prompt_ids = self._cap_text_prompt_length(full_prompt)
         episode = Episode(prompt_ids, self.limits, self.settings.protocol)
-        if len(full_prompt) > self.gen_config.max_start_length:
-            log.warning("prompt of %d tokens is longer than rollout.prompt_length=%d: not rolled out "
-                        "(truncated); data.filter_overlong_prompts=true drops such rows at load time",
-                        len(full_prompt), self.gen_config.max_start_length)
-            episode.end_truncated()
+        episode.prompt_cut = len(full_prompt) - len(prompt_ids)
 
         request_id = uuid4().hex  # one id per trajectory: sticky routing to one server (prefix cache)
         extra: dict[str, Any] = {}
@@ -245,6 +246,7 @@ def episode_stats(episode: Episode, counts: dict) -> dict[str, int]:
         "answered": int(episode.answered),
         "generated_tokens": episode.generated_tokens,
         "observation_tokens": episode.observation_tokens,
+        "prompt_cut": episode.prompt_cut,
         **counts,
     }
 

@@ -1,15 +1,18 @@
 """Hydra entry of the verl path: verl's `main_ppo` with Search-R1's checks in front.
 
     python -m verl_ext.main [--config-name grpo_verl] [key=value ...] [-m ...]
-    python -m verl_ext.main --dry-run [key=value ...]     # check, print the resolved config, exit
+    python -m verl_ext.main --dry-run [key=value ...]     # check, print the resolved config and the
+                                                          # recipe card, exit
 
 (`bash scripts/train_grpo.sh --config-name grpo_verl ...` calls this with trainer.n_gpus_per_node set.)
 
 Before Ray starts, the composed config is checked: the `search_r1:` group and the rollout lengths,
 the names verl looks up in registries (agent loop, advantage estimator, trainer mode, reward),
 verl's own `validate_config`, the data files, and that a retriever answers. A failed check prints
-one line naming the key and the fix and exits with status 2; no process is started. Then the run is
-verl's own: `run_ppo(config, TaskRunnerV1)`.
+one line naming the key and the fix and exits with status 2; no process is started. Then the recipe
+card (verl_ext/recipe.py: the schedule through verl's own normalisation, beside upstream
+Search-R1's) is printed, and for a real run written to trainer.default_local_dir/recipe_card.txt;
+then the run is verl's own: `run_ppo(config, TaskRunnerV1)`.
 """
 from __future__ import annotations
 
@@ -18,14 +21,18 @@ import os
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from search_r1.logs import quiet_library_loggers
 from search_r1.trainer.main import StartupError, check_retriever
+from verl_ext.recipe import ScheduleError, recipe_card, write_card
 
 log = logging.getLogger("verl_ext.main")
 
 DRY_RUN_FLAG = "--dry-run"
+# Printed between the resolved config and the recipe card (the config above it stays parseable YAML).
+CARD_RULE = "# " + "-" * 98
 
 
 class ConfigError(ValueError):
@@ -113,21 +120,25 @@ def main(config: DictConfig) -> None:
     auto_set_device(config)
     try:
         warnings = check_config(config, dry_run=DRY_RUN)
-    except ConfigError as err:
+        card = recipe_card(config, source=HydraConfig.get().job.config_name)
+    except (ConfigError, ScheduleError) as err:
         print(f"\n[verl_ext] config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
     for w in warnings:
         print(f"[verl_ext] warning: {w}", file=sys.stderr, flush=True)
     if DRY_RUN:
         print(OmegaConf.to_yaml(config, resolve=True), flush=True)
+        print(f"{CARD_RULE}\n{card}", flush=True)
         return
-
-    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
-
     if not config.trainer.use_v1:
         print("[verl_ext] config error: trainer.use_v1=false selects verl's deprecated v0 trainer, which the "
               "search_r1 trainer mode does not extend. Fix: trainer.use_v1=true", file=sys.stderr)
         sys.exit(2)
+    path = write_card(card, config.trainer.default_local_dir)
+    print(f"{CARD_RULE}\n{card}\n[verl_ext] recipe card written to {path}", flush=True)
+
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+
     run_ppo(config, task_runner_class=TaskRunnerV1)
 
 

@@ -5,7 +5,7 @@ loop, workers and weight sync are untouched; this subclass only adds, per step a
 
 - search statistics from the agent loop (`extra_fields["search_r1"]`, verl_ext/agent_loop.py), under
   the embedded CPU trainer's names: `env/turns_mean`, `env/searches_mean`, `env/valid_action_ratio`,
-  `env/finish_ratio`, `env/search_failures`, `response/truncated_ratio`, ...;
+  `env/finish_ratio`, `env/search_failures`, `response/truncated_ratio`, `prompt/cut_ratio`, ...;
 - `sync/unsynced_log_ppl_abs_diff`: verl's `rollout_corr/log_ppl_abs_diff` computed against the
   reference policy's log-probs instead of the rollout's (`unsynced_rollout_metrics`);
 - validation EM / F1 per `data_source` as `val/<source>/em`, `val/<source>/f1` and pooled `val/em`,
@@ -55,6 +55,8 @@ def search_metrics(stats: list[dict]) -> dict[str, float]:
         "response/truncated_ratio": float(col("truncated").mean()),
         "response/overshoot_tokens": float(col("overshoot_tokens").sum()),
         "response/shortened_observations": float(col("shortened_observations").sum()),
+        # prompts longer than rollout.prompt_length, rolled out on their last prompt_length tokens
+        "prompt/cut_ratio": float((col("prompt_cut") > 0).mean()),
     }
 
 

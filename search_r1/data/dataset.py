@@ -22,21 +22,16 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
-import pandas as pd
 import torch
 from verl import DataProto
 
 from tqdm import tqdm
 
+from search_r1.data.rows import parse_messages, parse_targets, read_frame, recover_question, schema_error
 from search_r1.prompts import TEMPLATES, apply_chat_template
 
 logger = logging.getLogger(__name__)
 
-EXPECTED_SCHEMA = (
-    "data_source: str; prompt: list of {role, content} chat messages; ability: str (optional); "
-    "reward_model: {style, ground_truth: {target: [answers]}}; extra_info: {split, index, ...} (optional)"
-)
-REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 OVERLONG_MODES = ("error", "skip")
 STATE_VERSION = 1
 PROGRESS_MIN_ROWS = 2000  # show a tokenization progress bar for files at least this long
@@ -53,70 +48,6 @@ class PromptRecord:
     question: str | None
     index: int | None
     ability: str | None
-
-
-def _as_list(value) -> list:
-    """Parquet nested lists come back as numpy arrays; normalise them (and scalars) to a list."""
-    if value is None:
-        return []
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    return [value]
-
-
-def _schema_error(path: Path, row: int | None, column: str, problem: str) -> ValueError:
-    where = f"{path}" if row is None else f"{path} row {row}"
-    return ValueError(
-        f"{where}: column {column!r} {problem}. Expected the Search-R1 parquet schema: {EXPECTED_SCHEMA}"
-    )
-
-
-def _parse_messages(value, path: Path, row: int) -> list[dict]:
-    messages = _as_list(value)
-    if not messages:
-        raise _schema_error(path, row, "prompt", "is empty or missing")
-    out = []
-    for m in messages:
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise _schema_error(path, row, "prompt", f"holds {m!r}, not a {{role, content}} message")
-        out.append({"role": str(m["role"]), "content": str(m["content"])})
-    return out
-
-
-def _parse_targets(value, path: Path, row: int) -> list[str]:
-    if not isinstance(value, dict) or not isinstance(value.get("ground_truth"), dict):
-        raise _schema_error(path, row, "reward_model", f"is {value!r}, without a ground_truth dict")
-    gt = value["ground_truth"]
-    if "target" not in gt:
-        raise _schema_error(path, row, "reward_model.ground_truth.target", "is missing")
-    targets = [str(t) for t in _as_list(gt["target"])]
-    if not targets:
-        raise _schema_error(path, row, "reward_model.ground_truth.target", "is empty")
-    return targets
-
-
-def _question_from_prompt(content: str) -> str | None:
-    """Recover the raw question from an instruction built by `search_r1.prompts.make_prompt`."""
-    for template in TEMPLATES.values():
-        prefix = template.split("{question}")[0]
-        suffix = template.split("{question}")[1]
-        if content.startswith(prefix) and content.endswith(suffix):
-            return content[len(prefix): len(content) - len(suffix)]
-    marker = "Question: "
-    if marker in content:
-        return content.rsplit(marker, 1)[1].strip()
-    return None
-
-
-def _recover_question(frame_row: dict, messages: list[dict]) -> str | None:
-    if isinstance(frame_row.get("question"), str):
-        return frame_row["question"]
-    extra = frame_row.get("extra_info")
-    if isinstance(extra, dict) and isinstance(extra.get("question"), str):
-        return extra["question"]
-    return _question_from_prompt(messages[-1]["content"])
 
 
 def _file_tags(paths: Sequence[Path]) -> list[str]:
@@ -195,22 +126,14 @@ class PromptDataset:
         return h.hexdigest()[:16]
 
     def _load_file(self, path: Path, tag: str) -> None:
-        try:
-            frame = pd.read_parquet(path)
-        except Exception as exc:  # pyarrow raises several types for a non-parquet file
-            raise ValueError(f"cannot read {path} as parquet ({exc}); expected schema: {EXPECTED_SCHEMA}") from exc
-        missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
-        if missing:
-            raise _schema_error(path, None, missing[0],
-                                f"is missing (file has columns {list(frame.columns)})")
-        rows = frame.to_dict(orient="records")
+        rows = read_frame(path).to_dict(orient="records")
         for row, values in enumerate(tqdm(rows, desc=f"tokenizing {path.name}", unit="prompt",
                                           disable=len(rows) < PROGRESS_MIN_ROWS)):
-            messages = _parse_messages(values["prompt"], path, row)
-            targets = _parse_targets(values["reward_model"], path, row)
+            messages = parse_messages(values["prompt"], path, row)
+            targets = parse_targets(values["reward_model"], path, row)
             data_source = values["data_source"]
             if not isinstance(data_source, str) or not data_source:
-                raise _schema_error(path, row, "data_source", f"is {data_source!r}, not a non-empty string")
+                raise schema_error(path, row, "data_source", f"is {data_source!r}, not a non-empty string")
             ids = apply_chat_template(self.tokenizer, messages)
             if len(ids) > self.max_prompt_length:
                 if self.on_overlong == "error":
@@ -227,7 +150,7 @@ class PromptDataset:
                 input_ids=tuple(int(i) for i in ids),
                 data_source=data_source,
                 golden_answers=tuple(targets),
-                question=_recover_question(values, messages),
+                question=recover_question(values, messages),
                 index=None if index is None else int(index),
                 ability=ability if isinstance(ability, str) else None,
             ))

@@ -10,8 +10,10 @@ scores with the training metric functions (`evaluation.metrics.score_response`).
 
 Output directory: `predictions.jsonl` (one line per question, appended after every batch, so an
 interrupted run resumes where it stopped: ids already there are skipped), `run_config.json` (the
-settings the predictions belong to; a resume with other settings is refused) and `results.json`
-(metrics per data_source and overall, the settings, timing).
+settings the predictions belong to, and what they resolved to: the model's weights, tokenizer,
+template, data and retriever, `evaluation.identity`; a resume with other settings, or after the
+checkpoint behind --model changed, is refused) and `results.json` (metrics per data_source and
+overall, the settings, timing).
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ class EvalConfig:
     retriever_urls / retriever_index: the retriever (URLs of running servers, or an index directory
         served for this run on a free loopback port); needed by search and rag.
     base_url: an OpenAI-compatible server (`vllm serve`); tokenizer: its tokenizer (default: model).
+    allow_insecure_http: send the API key over plain http to a non-loopback base_url.
     limit / limit_per_source: evaluate the first N questions (overall / per data_source) of a
         seeded shuffle (seed); None = all.
     batch_size: questions per run_llm_loop call. protocol: tags | tool_call | auto (from the prompt).
@@ -63,6 +66,7 @@ class EvalConfig:
     base_url: str | None = None
     tokenizer: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
+    allow_insecure_http: bool = False
     name: str | None = None
     limit: int | None = None
     limit_per_source: int | None = None
@@ -172,11 +176,25 @@ def checkpoint_rollout_settings(model: str) -> dict:
     return out
 
 
-def load_examples(cfg: EvalConfig, tokenizer) -> list[Example]:
-    """Every row of every data file (prompts longer than max_start_length dropped with a warning)."""
+def _question_id(path, file_index: int, row: int, ids: list[str] | None, seen: set[str]) -> str:
+    """The parquet `id` of a row (else "file:row"), made unique across the files of one run."""
+    qid = ids[row] if ids is not None else f"{Path(path).stem}:{row}"
+    if qid in seen:  # the same id in two files (e.g. the same test set twice): keep them apart
+        qid = f"{Path(path).name}#{file_index}:{qid}"
+    seen.add(qid)
+    return qid
+
+
+def _id_column(path) -> list[str] | None:
     import pandas as pd
     import pyarrow.parquet as pq
 
+    has_id = "id" in pq.read_schema(path).names
+    return pd.read_parquet(path, columns=["id"])["id"].astype(str).tolist() if has_id else None
+
+
+def load_examples(cfg: EvalConfig, tokenizer) -> list[Example]:
+    """Every row of every data file (prompts longer than max_start_length dropped with a warning)."""
     from search_r1.data.dataset import PromptDataset
 
     protocol = "tags" if cfg.protocol == "auto" else cfg.protocol
@@ -184,15 +202,32 @@ def load_examples(cfg: EvalConfig, tokenizer) -> list[Example]:
     seen: set[str] = set()
     for i, path in enumerate(cfg.data):
         ds = PromptDataset([path], tokenizer, cfg.max_start_length, protocol=protocol, on_overlong="skip")
-        has_id = "id" in pq.read_schema(path).names
-        ids = pd.read_parquet(path, columns=["id"])["id"].astype(str).tolist() if has_id else None
+        ids = _id_column(path)
         for rec in ds.records:
-            row = int(rec.uid.rsplit(":", 1)[1])
-            qid = ids[row] if ids is not None else f"{Path(path).stem}:{row}"
-            if qid in seen:  # the same id in two files (e.g. the same test set twice): keep them apart
-                qid = f"{Path(path).name}#{i}:{qid}"
-            seen.add(qid)
+            qid = _question_id(path, i, int(rec.uid.rsplit(":", 1)[1]), ids, seen)
             examples.append(Example(qid, rec.data_source, rec.question, rec.golden_answers, rec))
+    return examples
+
+
+def load_questions(data) -> list[Example]:
+    """The questions of Search-R1 parquet files without tokenizing their prompts (agents build their
+    own): same ids, sources and gold answers as `load_examples`; `record` is None. Rows whose
+    question cannot be recovered (no `question` column, no "Question: ..." in the prompt) raise."""
+    from search_r1.data.rows import parse_messages, parse_targets, read_frame, recover_question
+
+    examples: list[Example] = []
+    seen: set[str] = set()
+    for i, path in enumerate(data):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"--data {path}: no such file (a Search-R1 parquet file)")
+        ids = _id_column(path)
+        for row, rec in enumerate(read_frame(Path(path)).to_dict("records")):
+            question = recover_question(rec, parse_messages(rec["prompt"], Path(path), row))
+            if not question:
+                raise ValueError(f"{path} row {row}: no question text (no `question` column and no "
+                                 "'Question: ...' in the prompt); agents need the question itself")
+            examples.append(Example(_question_id(path, i, row, ids, seen), str(rec["data_source"]),
+                                    question, tuple(parse_targets(rec["reward_model"], Path(path), row)), None))
     return examples
 
 
@@ -239,8 +274,24 @@ def read_predictions(path: Path) -> dict[str, dict]:
     return done
 
 
-def _prepare_out_dir(cfg: EvalConfig) -> dict[str, dict]:
-    """Create the output dir; return the predictions to reuse (after checking they match cfg)."""
+def _changes(saved, now, key: str = "") -> dict:
+    """Dotted key -> (saved, now) for every leaf that differs (hashes shortened for the message)."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        out = {}
+        for k in dict.fromkeys([*saved, *now]):
+            out.update(_changes(saved.get(k), now.get(k), f"{key}.{k}" if key else str(k)))
+        return out
+    if saved == now:
+        return {}
+    short = [v[:12] if isinstance(v, str) and len(v) == 64 and key.endswith("sha256") else v for v in (saved, now)]
+    return {key: tuple(short)}
+
+
+def prepare_out_dir(cfg, identity: dict | None = None) -> dict[str, dict]:
+    """Create the output dir `cfg.out`; return the predictions to reuse, after checking they were made
+    with the same `cfg.resume_view()` and, when given, the same resolved model, tokenizer, template,
+    data and retriever (`identity`, see evaluation.identity). `cfg.overwrite` discards them. Any config
+    with `out`, `overwrite` and `resume_view()` (EvalConfig, the agents' configs) works."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     preds, run_cfg = out / PREDICTIONS, out / RUN_CONFIG
@@ -248,19 +299,20 @@ def _prepare_out_dir(cfg: EvalConfig) -> dict[str, dict]:
         preds.unlink(missing_ok=True)
         (out / RESULTS).unlink(missing_ok=True)
     done = read_predictions(preds)
-    if done and run_cfg.is_file():
-        saved = json.loads(run_cfg.read_text())
-        mine = json.loads(json.dumps(cfg.resume_view()))  # tuples -> lists, as saved
-        diff = {k: (saved.get(k), mine[k]) for k in mine if saved.get(k) != mine[k]}
-        if diff:
-            raise ValueError(f"{out} holds predictions made with other settings {diff} (saved, now); "
-                             f"use another --out, or --overwrite to discard them")
+    view = cfg.resume_view() if identity is None else {**cfg.resume_view(), "resolved": identity}
+    mine = json.loads(json.dumps(view))  # tuples -> lists, as saved
     if done:
+        saved = json.loads(run_cfg.read_text()) if run_cfg.is_file() else {}
+        diff = _changes({k: saved.get(k) for k in mine}, mine)
+        if diff:
+            raise ValueError(f"{out} holds predictions made with other settings or another model, tokenizer, "
+                             f"template, data or retriever: {diff} (saved, now). Fix: use another --out, or "
+                             f"--overwrite to discard them")
         # Rewrite without a possibly cut last line, so appends start on a fresh line.
         with open(preds, "w", encoding="utf-8") as f:
             for rec in done.values():
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    run_cfg.write_text(json.dumps(cfg.resume_view(), indent=2) + "\n")
+    write_atomic(run_cfg, json.dumps(mine, indent=2) + "\n")
     return done
 
 
@@ -283,40 +335,59 @@ def _open_retriever(cfg: EvalConfig, stack, out: Path):
         raise ValueError(f"mode {cfg.mode} needs a retriever: pass --retriever-url URL (a running "
                          f"`python -m retriever_server serve`) or --retriever-index DIR (served for this "
                          f"run), or use --no-search")
+    return open_retriever(cfg.retriever_urls, cfg.retriever_index, cfg.topk, stack, out / "retriever.log")
+
+
+def open_retriever(urls, index: str | None, topk: int, stack, log_path: Path):
+    """A RetrieverClient over `urls` (running servers), or over a server started now for the index
+    directory `index` on a free loopback port; `stack` (an ExitStack) stops and closes them."""
     from search_r1.search import RetrieverClient
 
-    urls = list(cfg.retriever_urls)
-    if cfg.retriever_index:
+    urls = list(urls)
+    if index:
         from retriever_server.launcher import ServerProcess
 
-        server = ServerProcess([cfg.retriever_index], out / "retriever.log",
-                               flags=["--torch-threads", "1", "--faiss-threads", "1"])
+        server = ServerProcess([index], log_path, flags=["--torch-threads", "1", "--faiss-threads", "1"])
         server.start()
         stack.callback(server.stop)
         urls = [server.url]
-        log.warning("serving %s at %s for this evaluation", cfg.retriever_index, server.url)
-    client = RetrieverClient(urls if len(urls) > 1 else urls[0], topk=cfg.topk)
+        log.warning("serving %s at %s for this run", index, server.url)
+    client = RetrieverClient(urls if len(urls) > 1 else urls[0], topk=topk)
     stack.callback(client.close)
     return client
 
 
-def _load_generator(cfg: EvalConfig):
-    """(generator, tokenizer): HFGenerator over the local model, or OpenAIGenerator with --base-url."""
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temp sibling, then rename it over `path`: readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def _load_generator(cfg: EvalConfig, tokenizer):
+    """HFGenerator over the local model (the weights resolve_model_dir(cfg.model) names), or
+    OpenAIGenerator with --base-url; `tokenizer` is the one `_load_tokenizer` gave."""
+    import os
+
     import torch
 
-    from search_r1.models import load_model_and_tokenizer, load_tokenizer
+    from search_r1.models import load_model_and_tokenizer
     from search_r1.rollout.backends import HFGenerator, OpenAIGenerator
 
     if cfg.base_url:
-        import os
-
-        tokenizer = load_tokenizer(resolve_model_dir(cfg.tokenizer or cfg.model))
-        generator = OpenAIGenerator(cfg.base_url, cfg.model, tokenizer=tokenizer,
-                                    api_key=os.environ.get(cfg.api_key_env))
-        return generator, tokenizer
+        return OpenAIGenerator(cfg.base_url, cfg.model, tokenizer=tokenizer, api_key=os.environ.get(cfg.api_key_env),
+                               allow_insecure_http=cfg.allow_insecure_http)
     dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
-    model, tokenizer = load_model_and_tokenizer(resolve_model_dir(cfg.model), dtype=dtype)
-    return HFGenerator(model, tokenizer), tokenizer
+    model, _ = load_model_and_tokenizer(resolve_model_dir(cfg.model), dtype=dtype)
+    return HFGenerator(model, tokenizer)
+
+
+def _load_tokenizer(cfg: EvalConfig):
+    """The tokenizer of the model (or of --tokenizer with --base-url), before any weights load."""
+    from search_r1.models import load_tokenizer
+
+    return load_tokenizer(resolve_model_dir((cfg.tokenizer or cfg.model) if cfg.base_url else cfg.model))
 
 
 def _baseline_prompts(cfg: EvalConfig, tokenizer, batch: list[Example], engine) -> tuple[list[list[int]], list]:
@@ -399,15 +470,23 @@ def evaluate(cfg: EvalConfig, generator=None, tokenizer=None, search_engine=None
     from search_r1.data.dataset import collate_records
     from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager
 
+    from search_r1.evaluation.identity import resolved_identity
+
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
-    done = _prepare_out_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         engine = search_engine if search_engine is not None else _open_retriever(cfg, stack, out)
-        if generator is None:
-            generator, tokenizer = _load_generator(cfg)
+        given = generator is not None
+        if not given:
+            tokenizer = _load_tokenizer(cfg)
+        model_dir = None if given or cfg.base_url else resolve_model_dir(cfg.model)
+        # before the weights load: a resume that would mix two models is refused at once
+        done = prepare_out_dir(cfg, resolved_identity(cfg, tokenizer, model_dir, engine))
+        if not given:
+            generator = _load_generator(cfg, tokenizer)
             if hasattr(generator, "close"):
                 stack.callback(generator.close)
         examples = select_examples(load_examples(cfg, tokenizer), cfg.limit, cfg.limit_per_source, cfg.seed)
@@ -463,7 +542,5 @@ def evaluate(cfg: EvalConfig, generator=None, tokenizer=None, search_engine=None
         "timing": {"seconds": round(seconds, 2), "load_seconds": round(t_load, 2), "evaluated_now": len(pending),
                    "seconds_per_question": round((seconds - t_load) / max(1, len(pending)), 3)},
     }
-    tmp = out / (RESULTS + ".part")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
-    tmp.replace(out / RESULTS)
+    write_atomic(out / RESULTS, json.dumps(results, indent=2) + "\n")
     return results

@@ -51,19 +51,25 @@ class SearchR1Config:
     # Base URL of the OpenAI-compatible server ("http://host:port", ".../v1", or the full
     # ".../v1/completions" / ".../v1/chat/completions").
     openai_base_url: str = "https://api.openai.com/v1"
+    # Send openai_api_key over plain http to a non-loopback host (a server on a network you trust).
+    # Off: such a URL is refused while a key is set (the key would cross the network in clear).
+    openai_allow_insecure_http: bool = False
     # Policy weights: an alias (`smollm2-135m-instruct`, `tiny-random-qwen3`), an HF directory or a
     # .gguf file (see search_r1.models); with use_openai, only its tokenizer is used.
     model_name_or_path: str = "smollm2-135m-instruct"
     # Torch device; default cuda when available, else cpu.
     device: str = field(default_factory=_default_device)
-    # Weight dtype; auto = float16 on CUDA, float32 on CPU.
+    # Compute dtype of the forward passes (sampling, log-probs, update) under autocast; the weights and
+    # AdamW's state stay float32 (mixed precision). auto = bfloat16 on a CUDA device that supports
+    # it, else float16 there, float32 on CPU. float16 trains with a gradient scaler (its range is
+    # too small for unscaled gradients).
     dtype: str = "auto"
     # Prompt format: chatml (the built-in ChatML text with two examples) or tokenizer (the same
     # system + user messages through the tokenizer's own chat template).
     chat_format: str = "chatml"
     # Token budget of one response: generated tokens plus inserted <information> tokens.
     max_tokens: int = 500
-    # Longest prompt in tokens; a longer one gives an empty, truncated trajectory.
+    # Longest prompt in tokens; a longer one keeps its last max_prompt_length tokens.
     max_prompt_length: int = 2048
     temperature: float = 1.0
     top_p: float = 1.0
@@ -113,6 +119,8 @@ class SearchR1Config:
     # Engine built when GRPOTrainer gets none: retriever (our HTTP server), web (a web search API) or
     # synthetic (a MockSearchEngine over the synthetic world's passages, no server needed).
     search_backend: str = "retriever"
+    # The retriever server (`python -m retriever_server serve`); GRPOTrainer checks at construction
+    # that it answers (with RETRIEVER_API_KEY when the server needs a key).
     retriever_url: str = "http://127.0.0.1:8000"
     # Passages per search.
     topk: int = 3
@@ -176,9 +184,12 @@ class SearchR1Config:
 
     # -- derived ---------------------------------------------------------------------------------
     @property
-    def torch_dtype(self) -> torch.dtype:
+    def compute_dtype(self) -> torch.dtype:
+        """The autocast dtype `dtype` names on `device` (float32 = no autocast)."""
         if self.dtype == "auto":
-            return torch.float16 if self.device.startswith("cuda") else torch.float32
+            if self.device.startswith("cuda"):
+                return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return torch.float32
         return getattr(torch, self.dtype)
 
     @property

@@ -20,12 +20,14 @@ from __future__ import annotations
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from search_r1.protocol import (decode_ids, encode_texts, invalid_action_observation, search_observation,
                                 stop_strings)
-from search_r1.rollout.backends import (GenerationError, GenOutput, OpenAIGenerator, SamplingParams, _check_prompts,
-                                        endpoint_url, post_json)
+from search_r1.rollout.backends import (INSECURE_HTTP_OPT_IN, GenerationError, GenOutput, OpenAIGenerator,
+                                        SamplingParams, _check_prompts, endpoint_url, post_json)
+from search_r1.transport import check_key_transport
 
 OPENAI_APIS = ("auto", "completions", "chat")  # SearchR1Config.openai_api
 CHAT_HOSTS = frozenset({"api.openai.com"})  # hosts that serve chat completions only (for `auto`)
@@ -71,6 +73,23 @@ def missing_stop(text: str, stops: tuple[str, ...]) -> str:
     return best
 
 
+@dataclass(frozen=True)
+class ChatCompletion:
+    """One assistant reply of `OpenAIChatGenerator.chat`.
+
+    text: the reply, ending with the stop string that ended it (re-appended: chat APIs cut it off);
+    finish_reason: "stop" (a stop string or the model's end of turn) or "length" (max tokens);
+    stop: the stop string that ended the reply, "" if none did; prompt_tokens / completion_tokens:
+    the server's `usage` counts (None when it sends none).
+    """
+
+    text: str
+    finish_reason: str
+    stop: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
 class OpenAIChatGenerator:
     """Generator over `POST {base_url}/v1/chat/completions` (OpenAI, or any server with its shape).
 
@@ -100,22 +119,25 @@ class OpenAIChatGenerator:
     not report them). Never misaligned.
 
     Retries: `backends.post_json` (connection errors, timeouts, 408/429/5xx with backoff, a 429's
-    Retry-After honoured); 401/403 name OPENAI_API_KEY; the key never appears in an error.
+    Retry-After honoured); 401/403 name OPENAI_API_KEY; the key never appears in an error. With an
+    `api_key`, plain http is refused for non-loopback hosts unless `allow_insecure_http=True`.
     """
 
     def __init__(self, base_url: str, model: str, tokenizer, api_key: str | None = None,
                  timeout: float = 120.0, retries: int = 3, backoff: float = 0.5, max_concurrency: int = 8,
-                 protocol: str = "tags", extra_body: dict | None = None, max_registered_prompts: int = 10_000):
+                 protocol: str = "tags", extra_body: dict | None = None, max_registered_prompts: int = 10_000,
+                 allow_insecure_http: bool = False):
         import httpx
 
-        if tokenizer is None:
-            raise ValueError("OpenAIChatGenerator needs the local tokenizer (to split contexts into messages "
-                             "and to turn replies into token ids)")
         if retries < 0:
             raise ValueError(f"OpenAIChatGenerator retries must be >= 0, got {retries}")
         self.url = chat_url(base_url)
+        if api_key:
+            check_key_transport(self.url, opt_in=INSECURE_HTTP_OPT_IN, allow_insecure_http=allow_insecure_http)
         self.model, self.tokenizer = model, tokenizer
         self.api_key = api_key or ""
+        # Where the key comes from, for the 401 message (callers reading another variable set it).
+        self.key_source = f"the {KEY_ENV} environment variable (or SearchR1Config.openai_api_key)"
         self.retries, self.backoff = retries, backoff
         self.max_concurrency = max(1, max_concurrency)
         self.extra_body = dict(extra_body or {})
@@ -185,6 +207,9 @@ class OpenAIChatGenerator:
         _check_prompts(prompts)
         if not prompts:
             return []
+        if self.tokenizer is None:
+            raise ValueError("OpenAIChatGenerator.generate needs the local tokenizer (to split contexts into "
+                             "messages and to turn replies into token ids); pass tokenizer=")
         if params.top_k > 0:
             self._warn_once("top_k", f"{self.url}: the chat completions API has no top_k; sampling without it")
         requests = [self.payload(self.messages_for(list(p)), params,
@@ -204,7 +229,35 @@ class OpenAIChatGenerator:
         body.update(self.extra_body)
         return body
 
-    def _complete(self, body: dict, params: SamplingParams) -> GenOutput:
+    def chat(self, messages: list[dict], params: SamplingParams, continue_final: bool = False) -> ChatCompletion:
+        """One assistant reply to `messages` (`{"role", "content"}` dicts), for agents that keep a
+        conversation rather than token ids. Stops at `params.stop` only (none: the model's end of
+        turn). `continue_final=True` continues the last message, an assistant one, instead of
+        starting a new turn (vLLM's `continue_final_message`; APIs without it reject or ignore it).
+        No tokenizer needed; same retries and key handling as `generate`.
+        """
+        if continue_final and (not messages or messages[-1].get("role") != "assistant"):
+            raise ValueError("continue_final=True needs the conversation to end with an assistant message")
+        body = self.payload(messages, params, params.seed)
+        body["stop"] = list(params.stop)
+        body["logprobs"] = False
+        if continue_final:
+            body.update(continue_final_message=True, add_generation_prompt=False)
+        choice, usage = self._post(body)
+        text = choice["message"].get("content") or ""
+        finish = "stop" if choice.get("finish_reason") == "stop" else "length"
+        stop = ""
+        if finish == "stop" and params.stop:
+            # vLLM names the matched stop string in `stop_reason`; OpenAI does not, so infer it from
+            # the tag left open at the end of the reply.
+            reason = choice.get("stop_reason")
+            stop = reason if isinstance(reason, str) and reason in params.stop else missing_stop(text, params.stop)
+            if stop and not text.endswith(stop):
+                text += stop
+        return ChatCompletion(text, finish, stop, usage.get("prompt_tokens"), usage.get("completion_tokens"))
+
+    def _post(self, body: dict) -> tuple[dict, dict]:
+        """POST one request: its `choices[0]` (with a `message` dict) and its integer `usage` counts."""
         response = post_json(
             self._client, self.url, body, retries=self.retries, backoff=self.backoff, secret=self.api_key,
             honor_retry_after=True, rejected=self._rejected,
@@ -213,12 +266,17 @@ class OpenAIChatGenerator:
         message = choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
         if not isinstance(message, dict):
             raise GenerationError(f"{self.url} returned no choices[0].message: {str(response)[:300]}")
-        return self._parse(choices[0], params)
+        usage = response.get("usage")
+        counts = {k: v for k, v in (usage if isinstance(usage, dict) else {}).items()
+                  if k in ("prompt_tokens", "completion_tokens") and isinstance(v, int)}
+        return choices[0], counts
+
+    def _complete(self, body: dict, params: SamplingParams) -> GenOutput:
+        return self._parse(self._post(body)[0], params)
 
     def _rejected(self, error: str) -> str:
         if error.startswith(("HTTP 401", "HTTP 403")):
-            return (f"{self.url} rejected the API key ({error}); set the {KEY_ENV} environment variable "
-                    "(or SearchR1Config.openai_api_key) to a valid key")
+            return f"{self.url} rejected the API key ({error}); set {self.key_source} to a valid key"
         return f"{self.url} rejected the request ({error}); check openai_model {self.model!r} and the sampling parameters"
 
     # -- responses --------------------------------------------------------------------------------

@@ -18,6 +18,11 @@ Nothing here is a second implementation of the rollout or the math: a step is
      is of the distribution sampled from: logits / temperature, top-k / top-p filtered.
 The KL term anchors the policy to the one that sampled the batch (old log-probs), not to a frozen
 reference model: this API keeps one copy of the weights.
+
+Precision: the weights and AdamW's moments are float32 (AdamW over float16 weights rounds its
+second moment and eps to 0 and turns every weight inf/NaN after one step); `config.dtype` picks the
+autocast dtype of every forward pass (sampling included, so the sampling log-probs are the
+update's), bfloat16 where the device has it, float16 with a gradient scaler otherwise.
 """
 from __future__ import annotations
 
@@ -50,11 +55,24 @@ class PolicyUpdateUnavailable(RuntimeError):
     """The trainer generates through an API (use_openai=True): there are no local weights to update."""
 
 
-def build_search_engine(config: SearchR1Config) -> SearchEngine:
-    """The engine `config.search_backend` names (used when GRPOTrainer gets no search_engine)."""
+def build_search_engine(config: SearchR1Config, check: bool = True) -> SearchEngine:
+    """The engine `config.search_backend` names (used when GRPOTrainer gets no search_engine). The
+    retriever must answer (`check`): without one, every search would be a "search failed"
+    observation the policy is trained on."""
     if config.search_backend == "retriever":
         from search_r1.search import RetrieverClient
+        from search_r1.search.base import SearchError
+        from search_r1.search.retriever_client import check_reachable
 
+        if check:
+            try:
+                check_reachable(config.retriever_url, timeout=min(config.search_timeout, 5.0))
+            except SearchError as err:
+                raise ValueError(
+                    f"SearchR1Config.retriever_url: {err}. Fix: start one (`python -m retriever_server serve "
+                    f"--index DIR --port 8000`; `python -m retriever_server build` makes DIR), or use "
+                    f"SearchR1Config(search_backend='synthetic') for the built-in passages, or pass "
+                    f"search_engine= to GRPOTrainer") from None
         return RetrieverClient(config.retriever_url, topk=config.topk, timeout=config.search_timeout,
                                retries=config.search_retries)
     if config.search_backend == "web":
@@ -126,21 +144,30 @@ class GRPOTrainer:
             self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model_name_or_path)
             if cfg.resolved_openai_api == "chat":
                 self.generator = OpenAIChatGenerator(cfg.openai_base_url, cfg.openai_model, self.tokenizer,
-                                                     api_key=cfg.openai_api_key or None)
+                                                     api_key=cfg.openai_api_key or None,
+                                                     allow_insecure_http=cfg.openai_allow_insecure_http)
             else:
                 self.generator = OpenAIGenerator(cfg.openai_base_url, cfg.openai_model, tokenizer=self.tokenizer,
-                                                 api_key=cfg.openai_api_key or None)
+                                                 api_key=cfg.openai_api_key or None,
+                                                 allow_insecure_http=cfg.openai_allow_insecure_http)
         else:
             if (model is None) != (tokenizer is None):
                 raise ValueError("pass both model= and tokenizer= (or neither, to load config.model_name_or_path)")
             if model is None:
-                model, tokenizer = load_model_and_tokenizer(cfg.model_name_or_path, dtype=cfg.torch_dtype)
+                model, tokenizer = load_model_and_tokenizer(cfg.model_name_or_path, dtype=torch.float32)
+            low = sorted({str(p.dtype) for p in model.parameters() if p.requires_grad and p.dtype != torch.float32})
+            if low:
+                logger.warning("model= has %s parameters; training keeps float32 master weights, so they are "
+                               "converted (model.float()); forward passes run in %s", ", ".join(low), cfg.compute_dtype)
+                model = model.float()
             self.model, self.tokenizer = model.to(cfg.device), tokenizer
             # eval mode throughout: these models have no dropout in use, and eval makes the update's
             # first forward pass reproduce the sampling log-probs (ratio 1 before the first step).
             self.model.eval()
             self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
                                                lr=cfg.learning_rate)
+            # float16 gradients under- and overflow without a loss scale; bf16 / fp32 need none
+            self.scaler = torch.amp.GradScaler(self._device_type, enabled=cfg.compute_dtype == torch.float16)
             # "processed": log-probs of the distribution actually sampled from (logits / temperature,
             # top-k, top-p), the policy `_forward_logprobs` scores too, so the update is on-policy.
             self.generator = HFGenerator(self.model, self.tokenizer, batch_size=cfg.generation_batch_size,
@@ -157,6 +184,19 @@ class GRPOTrainer:
         self.rollout_calls = 0
         self.history: list[dict] = []
         self.stats = {"oom_retries": 0, "skipped_trajectories": 0}
+
+    # ------------------------------------------------------------------ precision
+
+    @property
+    def _device_type(self) -> str:
+        return str(self.config.device).split(":")[0]
+
+    def _autocast(self):
+        """The forward passes' precision (config.compute_dtype); no-op for float32 or without weights."""
+        dtype = self.config.compute_dtype
+        if self.model is None or dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self._device_type, dtype=dtype)
 
     # ------------------------------------------------------------------ rollout
 
@@ -186,7 +226,7 @@ class GRPOTrainer:
         """
         from verl import DataProto
 
-        from search_r1.rollout.tensor_helper import pad_ragged
+        from search_r1.rollout.tensor_helper import pad_ragged, strip_left_padding
 
         max_tokens = self.config.max_tokens if max_tokens is None else max_tokens
         if not isinstance(max_tokens, int) or max_tokens < 1:
@@ -209,9 +249,11 @@ class GRPOTrainer:
         ids, mask = pad_ragged(prompts, pad_value=self.pad_token_id, left=True)  # (B, P) left-padded
         batch = DataProto.from_dict(tensors={"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)})
         self.manager.config = self._generation_config(max_tokens, self._next_seed())
-        out = self.manager.run_llm_loop(batch)
-
-        width = ids.shape[1]  # P
+        with self._autocast():
+            out = self.manager.run_llm_loop(batch)
+        # a prompt longer than max_prompt_length was rolled out on its last max_prompt_length tokens
+        width = out.batch["prompts"].shape[1]  # P
+        prompts = strip_left_padding(out.batch["prompts"], out.batch["attention_mask"][:, :width])
         resp_len = out.batch["attention_mask"][:, width:].sum(-1).tolist()  # (B,) generated + observation
         responses = [out.batch["responses"][r, :n].tolist() for r, n in enumerate(resp_len)]
         masks = [out.batch["response_mask"][r, :n].tolist() for r, n in enumerate(resp_len)]
@@ -322,8 +364,9 @@ class GRPOTrainer:
             pos_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # (m, P + R)
             ids, attn, pos_ids = ids.to(device), attn.to(device), pos_ids.to(device)
             extra = {"logits_to_keep": R + 1} if self._keeps_logits else {}
-            logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos_ids, use_cache=False,
-                                **extra).logits[:, -(R + 1):-1]  # (m, R, V): column P + k predicted at k
+            with self._autocast():
+                logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos_ids, use_cache=False,
+                                    **extra).logits[:, -(R + 1):-1]  # (m, R, V): column P + k predicted at k
             for r, (i, s, pos) in enumerate(rows):
                 k = torch.as_tensor(pos, device=device) - s  # (n_i,) response-relative columns
                 z = logits[r, k].float()  # (n_i, V)
@@ -423,16 +466,19 @@ class GRPOTrainer:
                                    clip_ratio_c=None, normalizer=tokens)
             kl = agg_loss(k3_kl(new, old_mb), mask, "token-mean", normalizer=tokens)
             loss = pg + cfg.beta * kl
-            loss.backward()
+            self.scaler.scale(loss).backward()
             loss_sum += loss.item()
             kl_sum += kl.item()
             clip_sum += st["actor/pg_clipfrac"] * new.shape[1]
         params = [p for p in self.model.parameters() if p.requires_grad]
+        self.scaler.unscale_(self.optimizer)  # clip the true gradient (no-op without float16)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
         if math.isfinite(grad_norm):
-            self.optimizer.step()
-        else:  # a non-finite gradient would poison AdamW's moments
+            self.scaler.step(self.optimizer)
+        elif not self.scaler.is_enabled():  # a non-finite gradient would poison AdamW's moments
             logger.warning("non-finite gradient norm; optimizer step skipped")
+        # (float16: an overflow at this loss scale; the step is skipped and update() lowers the scale)
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return {"loss": loss_sum, "kl_div": kl_sum, "clip_frac": clip_sum / tokens,
                 "grad_norm": grad_norm}
@@ -530,7 +576,7 @@ class GRPOTrainer:
         self._require_weights("save")
         extra = {"global_step": self.global_step, "data_step": self.data_step, "rollout_calls": self.rollout_calls,
                  "micro_batch_size": self.micro_batch_size, "config": self.config.to_dict(),
-                 "history": self.history}
+                 "history": self.history, "grad_scaler": self.scaler.state_dict()}
         return CheckpointManager(path, keep_last=None).save(self.global_step, self.model, self.tokenizer,
                                                             optimizer_state=self.optimizer.state_dict(),
                                                             extra_state=extra)
@@ -554,4 +600,6 @@ class GRPOTrainer:
         self.rollout_calls = int(extra.get("rollout_calls", 0))
         self.micro_batch_size = int(extra.get("micro_batch_size", self.micro_batch_size))
         self.history = list(extra.get("history", []))
+        if extra.get("grad_scaler") and self.scaler.is_enabled():
+            self.scaler.load_state_dict(extra["grad_scaler"])
         return state

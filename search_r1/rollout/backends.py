@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from search_r1.search.retry import backoff_delay
+from search_r1.transport import check_key_transport
 
 
 @dataclass(frozen=True)
@@ -327,6 +328,9 @@ class HFGenerator:
 # OpenAIGenerator: an OpenAI-compatible /v1/completions server (vLLM, SGLang, llama.cpp server)
 
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# How a user opts in to sending a key over plain http to a non-loopback server, per entry point.
+INSECURE_HTTP_OPT_IN = ("allow_insecure_http=True (SearchR1Config(openai_allow_insecure_http=True); "
+                        "python -m search_r1.eval --allow-insecure-http)")
 _TOKEN_ID_PREFIX = "token_id:"  # vLLM's return_tokens_as_token_ids spelling of logprobs.tokens
 
 
@@ -352,12 +356,15 @@ class OpenAIGenerator:
 
     Transient failures (connection errors, timeouts, HTTP 408/429/5xx) are retried `retries` times
     with exponential backoff; then GenerationError. Other 4xx fail at once with the server's message.
+
+    With an `api_key`, a plain-http `base_url` must be a loopback host (search_r1.transport) unless
+    `allow_insecure_http=True`: the key would cross the network in clear.
     """
 
     def __init__(self, base_url: str, model: str, tokenizer=None, api_key: str | None = None,
                  timeout: float = 300.0, retries: int = 3, backoff: float = 0.5,
                  max_prompts_per_request: int | None = None, max_concurrency: int = 16,
-                 extra_body: dict | None = None):
+                 extra_body: dict | None = None, allow_insecure_http: bool = False):
         import httpx
 
         if retries < 0:
@@ -366,6 +373,8 @@ class OpenAIGenerator:
             raise ValueError(f"OpenAIGenerator max_prompts_per_request must be None or >= 1, "
                              f"got {max_prompts_per_request}")
         self.url = _completions_url(base_url)
+        if api_key:
+            check_key_transport(self.url, opt_in=INSECURE_HTTP_OPT_IN, allow_insecure_http=allow_insecure_http)
         self.model = model
         self.tokenizer = tokenizer
         self.retries, self.backoff = retries, backoff

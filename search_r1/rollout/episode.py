@@ -21,7 +21,9 @@ it produces ends the episode.
 
 Limits: the rolling context (prompt + response) never exceeds `max_prompt_length` and the response
 never exceeds `max_response_length`. An episode that cannot fit another generated token or its
-next observation ends with `truncated=True`.
+next observation ends with `truncated=True`. The drivers left-truncate a prompt longer than
+`max_start_length` before the episode starts (`prompt_cut` counts the tokens dropped), and
+`max_start_length < max_prompt_length`, so every episode has room for its first generated token.
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ class Episode:
     valid_actions: int = 0  # well-formed search or answer actions
     valid_searches: int = 0  # searches sent to the engine
     search_failures: int = 0  # searches the engine could not answer
+    prompt_cut: int = 0  # tokens the driver cut from the left of an over-long prompt
     generated_tokens: int = 0  # tokens kept from the generator (info_mask == 1)
     observation_tokens: int = 0  # environment tokens appended (info_mask == 0)
     finished: bool = False

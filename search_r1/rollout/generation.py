@@ -10,7 +10,9 @@ Where this differs from upstream (defects listed in UPSTREAM_NOTES): the sampled
 (text is decoded only to parse the action); the backend stops at `</search>` / `</answer>`; an
 overlong observation is shortened inside its wrapper, keeping the closing tag; validation is
 greedy; a trajectory that cannot fit more ends with a `truncated` flag instead of being cut from the
-left; a failing search engine yields a "search failed" observation and the loop goes on.
+left; a failing search engine yields a "search failed" observation and the loop goes on. As upstream
+(and verl's own agent loops), a prompt longer than `max_start_length` keeps its last
+`max_start_length` tokens and is rolled out.
 """
 from __future__ import annotations
 
@@ -37,7 +39,9 @@ class GenerationConfig:
     """Rollout settings; defaults are upstream Search-R1's training defaults.
 
     max_turns: generation rounds in which a search is allowed; one more round without search follows.
-    max_start_length: longest prompt accepted; a longer prompt is not rolled out (truncated flag).
+    max_start_length: longest prompt; a longer one keeps its last max_start_length tokens (cut from
+        the left, as upstream and verl's agent loops do). Must be below max_prompt_length, so a
+        prompt always leaves room to generate.
     max_prompt_length: longest rolling context: prompt + response, including the turn being
         generated, never exceeds it (so neither does any sequence the policy is trained on).
     max_response_length: longest response (generated + observation tokens over all turns). Upstream
@@ -76,9 +80,10 @@ class GenerationConfig:
         if self.max_tokens_per_turn is not None and self.max_tokens_per_turn < 1:
             raise ValueError(f"GenerationConfig.max_tokens_per_turn must be >= 1 or None, "
                              f"got {self.max_tokens_per_turn!r}")
-        if self.max_start_length > self.max_prompt_length:
-            raise ValueError(f"GenerationConfig.max_start_length ({self.max_start_length}) must not exceed "
-                             f"max_prompt_length ({self.max_prompt_length}): the prompt is part of the context")
+        if self.max_start_length >= self.max_prompt_length:
+            raise ValueError(f"GenerationConfig.max_start_length ({self.max_start_length}) must be less than "
+                             f"max_prompt_length ({self.max_prompt_length}): the prompt is part of the context, "
+                             f"and a prompt of max_start_length tokens must leave room to generate")
         check_protocol(self.protocol)
         if self.temperature < 0:
             raise ValueError(f"GenerationConfig.temperature must be >= 0 (0 = greedy), got {self.temperature}")
@@ -170,9 +175,12 @@ class LLMGenerationManager:
         """Roll out every prompt of `gen_batch` to an answer or a limit.
 
         gen_batch: batch `input_ids`, `attention_mask` (B, P), left-padded; non-tensors pass through.
+            Rows longer than max_start_length keep their last max_start_length tokens.
 
-        Returns a DataProto with, for N = P + R (R = longest response in the batch, >= 1):
-          prompts (B, P) left-padded, as given; responses (B, R) right-padded with the pad id;
+        Returns a DataProto with, for N = P + R (R = longest response in the batch, >= 1; P the input
+        width, or max_start_length when the input is wider):
+          prompts (B, P) left-padded, as given (cut on the left to max_start_length columns);
+          responses (B, R) right-padded with the pad id;
           input_ids (B, N) = [prompts, responses]; attention_mask (B, N): 1 on every real token;
           position_ids (B, N) = clip(cumsum(attention_mask) - 1, 0);
           info_mask (B, N): 1 on prompt tokens and generated tokens, 0 on observation tokens and on
@@ -181,21 +189,25 @@ class LLMGenerationManager:
           rollout_log_probs (B, R) float32: sampling log-probs, 0.0 where response_mask is 0;
         and meta_info (added to the input's): per-row lists `turns_stats`, `active_mask` (True = never
         answered), `valid_action_stats`, `valid_search_stats`, `search_failure_stats`,
-        `truncated_mask`, `generated_token_stats`, `observation_token_stats`; totals in
+        `truncated_mask`, `generated_token_stats`, `observation_token_stats`, `prompt_cut_stats`
+        (tokens cut from the prompt's left); totals in
         `rollout_stats`; seconds in `timing` (`gen_s`, `search_s`, `loop_s` = the rest, `total_s`).
         """
         t_start = time.perf_counter()
-        prompts = gen_batch.batch["input_ids"]
-        prompt_mask = gen_batch.batch["attention_mask"]
+        prompts, prompt_mask = gen_batch.batch["input_ids"], gen_batch.batch["attention_mask"]  # (B, P)
+        lengths = prompt_mask.sum(dim=-1).tolist()  # (B,)
+        # Left-padded rows: the last max_start_length columns are each row's last tokens, so this cut is
+        # the left-truncation of every over-long row (upstream's and verl's rule).
+        prompts, prompt_mask = prompts[:, -self.config.max_start_length:], prompt_mask[:, -self.config.max_start_length:]
         limits = self.config.limits
         episodes = [Episode(ids, limits, self.config.protocol)
                     for ids in strip_left_padding(prompts, prompt_mask)]
-        too_long = [ep for ep in episodes if len(ep.prompt_ids) > self.config.max_start_length]
-        if too_long:
-            log.warning("%d prompt(s) longer than max_start_length=%d are not rolled out (truncated)",
-                        len(too_long), self.config.max_start_length)
-            for ep in too_long:
-                ep.end_truncated()
+        for ep, n in zip(episodes, lengths):
+            ep.prompt_cut = int(n) - len(ep.prompt_ids)
+        cut = [ep for ep in episodes if ep.prompt_cut]
+        if cut:
+            log.warning("%d prompt(s) longer than max_start_length=%d keep their last %d tokens (left-truncated)",
+                        len(cut), self.config.max_start_length, self.config.max_start_length)
 
         counters = _TurnCounters()
         for _ in range(self.config.max_turns + 1):
@@ -208,7 +220,7 @@ class LLMGenerationManager:
                 self._observe_round(owed, counters)
             counters.rounds += 1
 
-        out = self._to_dataproto(gen_batch, episodes)
+        out = self._to_dataproto(gen_batch, prompts, prompt_mask, episodes)
         total = time.perf_counter() - t_start
         out.meta_info.update(self._stats(episodes, counters, total))
         return out
@@ -285,9 +297,9 @@ class LLMGenerationManager:
             ep.apply_observation(ids)
 
     # -- output -----------------------------------------------------------------------------------
-    def _to_dataproto(self, gen_batch: DataProto, episodes: list[Episode]) -> DataProto:
-        prompts = gen_batch.batch["input_ids"]  # (B, P)
-        prompt_mask = gen_batch.batch["attention_mask"].to(torch.long)  # (B, P)
+    def _to_dataproto(self, gen_batch: DataProto, prompts: torch.Tensor, prompt_mask: torch.Tensor,
+                      episodes: list[Episode]) -> DataProto:
+        prompt_mask = prompt_mask.to(torch.long)  # (B, P)
         responses, response_attn = pad_ragged([ep.response_ids for ep in episodes], pad_value=self.pad_token_id)
         width = responses.shape[1]  # R
         response_mask, _ = pad_ragged([ep.info_mask for ep in episodes], width=width)
@@ -322,6 +334,7 @@ class LLMGenerationManager:
             "truncated_mask": [ep.truncated for ep in episodes],
             "generated_token_stats": [ep.generated_tokens for ep in episodes],
             "observation_token_stats": [ep.observation_tokens for ep in episodes],
+            "prompt_cut_stats": [ep.prompt_cut for ep in episodes],
             "rollout_stats": {
                 "rounds": c.rounds,
                 "search_calls": c.search_calls,
@@ -333,6 +346,7 @@ class LLMGenerationManager:
                 "shortened_observations": c.shortened_observations,
                 "search_failures": sum(ep.search_failures for ep in episodes),
                 "truncated": sum(ep.truncated for ep in episodes),
+                "prompts_cut": sum(ep.prompt_cut > 0 for ep in episodes),
                 "answered": sum(ep.answered for ep in episodes),
             },
             "timing": {"gen_s": c.gen_s, "search_s": c.search_s,

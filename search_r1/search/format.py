@@ -12,10 +12,14 @@ def split_title(contents: str) -> tuple[str, str]:
     return title.strip().strip('"'), text.strip()
 
 
-def render_passages(contents: list[str]) -> str:
-    """Render hits as `Doc 1(Title: T) text\\nDoc 2(...)...\\n` (trailing newline per hit, as upstream)."""
+def render_passages(contents: list[str], start: int = 1) -> str:
+    """Render hits as `Doc 1(Title: T) text\\nDoc 2(...)...\\n` (trailing newline per hit, as upstream).
+
+    `start` is the first document's number (agents number documents across several searches, so
+    that a citation `Doc 5` names one document of the whole conversation).
+    """
     lines = []
-    for i, c in enumerate(contents, start=1):
+    for i, c in enumerate(contents, start=start):
         title, text = split_title(c)
         lines.append(f"Doc {i}(Title: {title}) {text}\n")
     return "".join(lines)

@@ -44,6 +44,31 @@ def normalize_url(url: str) -> str:
     return url
 
 
+def resolve_api_key(api_key: str | None = None) -> str | None:
+    """The retriever's bearer token: `api_key` when given, else env RETRIEVER_API_KEY, else None."""
+    return api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+
+
+def check_reachable(url: str, timeout: float = 5.0, api_key: str | None = None) -> None:
+    """GET /health and one tiny /retrieve, sending the bearer token (`resolve_api_key`) as the
+    rollouts will; SearchError naming the URL and what failed (a 401/403 names RETRIEVER_API_KEY)."""
+    base = normalize_url(url).removesuffix("/retrieve")
+    key = resolve_api_key(api_key)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        httpx.get(base + "/health", timeout=timeout).raise_for_status()
+        resp = httpx.post(base + "/retrieve", json={"queries": ["test"], "topk": 1, "return_scores": False},
+                          headers=headers, timeout=timeout)
+    except Exception as exc:  # connection refused, timeout, HTTP error: all mean "not usable"
+        raise SearchError(f"retriever at {url} is unreachable ({type(exc).__name__}: {exc})") from None
+    if resp.status_code in (401, 403):
+        sent = f"the key from {API_KEY_ENV}" if api_key is None and key else ("a key" if key else "no key")
+        raise SearchError(f"retriever at {url} refused /retrieve with HTTP {resp.status_code} ({sent} sent): "
+                          f"{_error_message(resp)}. Set {API_KEY_ENV} to the server's --api-key")
+    if resp.status_code >= 400:
+        raise SearchError(f"retriever at {url} answered /retrieve with HTTP {resp.status_code}: {_error_message(resp)}")
+
+
 def parse_hit(hit) -> dict:
     """One hit of a `/retrieve` result -> `{"id", "contents", "score"}` (score None when absent).
 
@@ -156,7 +181,7 @@ class RetrieverClient(SearchEngine):
         self._cache = _LRUCache(cache_size)
         self._lock = threading.Lock()  # guards round-robin pointer, endpoint health, stats
         self._next = 0
-        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+        api_key = resolve_api_key(api_key)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # One pooled keep-alive client for the client's life: no TCP handshake per search call.
         # httpx.Client is safe to share across threads.
@@ -204,6 +229,20 @@ class RetrieverClient(SearchEngine):
         # Callers may mutate what they get; hand out copies, keep the cached lists pristine.
         return [[dict(d) for d in results[q]] for q in queries]
 
+    def batch_access(self, ids: list[str]) -> list[dict | None]:
+        """Whole documents by id through the server's `POST /access`: `{"id", "contents"}` per id, or
+        None for an id the corpus does not hold. Same fail-over, retries and errors as searches;
+        not cached (agents read a document once)."""
+        if isinstance(ids, str) or not isinstance(ids, (list, tuple)):
+            raise ValueError(f"ids must be a list of strings, got {type(ids).__name__}")
+        for i, doc_id in enumerate(ids):
+            if not isinstance(doc_id, str) or not doc_id.strip():
+                raise ValueError(f"ids[{i}] must be a non-empty string, got {doc_id!r}")
+        out: list[dict | None] = []
+        for start in range(0, len(ids), self.max_batch_size):
+            out += self._post_with_failover(list(ids[start:start + self.max_batch_size]), "access")
+        return out
+
     def close(self) -> None:
         self._http.close()
 
@@ -231,7 +270,8 @@ class RetrieverClient(SearchEngine):
             sick = sorted((e for e, ok in zip(rotated, cool) if not ok), key=lambda e: e.failed_at)
             return healthy + sick
 
-    def _post_with_failover(self, queries: list[str]) -> list[list[dict]]:
+    def _post_with_failover(self, queries: list[str], route: str = "retrieve") -> list:
+        """`_post` to one URL after another, rounds with backoff; route "retrieve" or "access"."""
         tried: dict[str, str] = {}  # url -> last error, in first-tried order
         for rnd in range(self.retries + 1):
             if rnd > 0:
@@ -240,7 +280,7 @@ class RetrieverClient(SearchEngine):
                 time.sleep(backoff_delay(rnd, self.backoff))  # exponential, jittered (no lockstep)
             for ep in self._round_order():
                 try:
-                    docs = self._post(ep.url, queries)
+                    docs = self._post(ep.url, queries, route)
                 except _RetryableError as exc:
                     tried[ep.url] = str(exc)
                     with self._lock:
@@ -254,14 +294,19 @@ class RetrieverClient(SearchEngine):
         per_url = "; ".join(f"{u} -> {e}" for u, e in tried.items())
         raise SearchError(
             f"retriever failed after {self.retries + 1} round(s) over {len(self.endpoints)} url(s) "
-            f"({len(queries)} queries); last error from {last_url}: {tried[last_url]}; "
+            f"({len(queries)} {'queries' if route == 'retrieve' else 'ids'}); last error from {last_url}: "
+            f"{tried[last_url]}; "
             f"last error per url: {per_url}")
 
-    def _post(self, url: str, queries: list[str]) -> list[list[dict]]:
+    def _post(self, url: str, queries: list[str], route: str = "retrieve") -> list:
         with self._lock:
             self.stats.requests += 1
-            self.stats.queries_sent += len(queries)
-        payload = {"queries": queries, "topk": self.topk, "return_scores": True}
+            self.stats.queries_sent += len(queries) if route == "retrieve" else 0
+        if route == "access":  # the endpoint URLs are normalised to .../retrieve
+            url = url[: -len("retrieve")] + "access"
+            payload = {"ids": queries}
+        else:
+            payload = {"queries": queries, "topk": self.topk, "return_scores": True}
         try:
             resp = self._http.post(url, json=payload)
         except httpx.TimeoutException as exc:
@@ -280,7 +325,9 @@ class RetrieverClient(SearchEngine):
             result = resp.json()["result"]
             if not isinstance(result, list) or len(result) != len(queries):
                 got = len(result) if isinstance(result, list) else type(result).__name__
-                raise ValueError(f"'result' has {got} entries for {len(queries)} queries")
+                raise ValueError(f"'result' has {got} entries for {len(queries)} requested")
+            if route == "access":
+                return [None if d is None else parse_hit(d) for d in result]
             return [[parse_hit(h) for h in hits] for hits in result]
         except (ValueError, KeyError, TypeError) as exc:
             raise _RetryableError(f"malformed response body ({exc}): {resp.text[:200]!r}") from exc

@@ -3,6 +3,7 @@
     engine = WebSearchEngine(provider="serper")              # key from SERPER_API_KEY
     engine = WebSearchEngine(api_key, provider="google", cx="0123:abc")
     texts = engine.batch_search(["who founded Veltra", "capital of Osk"])   # `Doc i(Title: ..) ..` lines
+    hits = engine.batch_retrieve(["who founded Veltra"])   # [[{"id": url, "contents", "score": None}]]
 
 Requests, per provider (the shapes the fake servers in tests/search_r1/search/test_web.py answer):
     google  GET  {base}?key=KEY&cx=CX&q=QUERY&num=K          -> {"items": [{"title", "link", "snippet"}]}
@@ -26,20 +27,19 @@ servers), and keys never appear in error messages.
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from urllib.parse import urlparse
 
 import httpx
 
 from search_r1.search.base import SearchEngine, SearchError
 from search_r1.search.format import render_passages
 from search_r1.search.retry import backoff_delay
+from search_r1.transport import check_key_transport
 
 logger = logging.getLogger(__name__)
 
@@ -152,12 +152,12 @@ class WebSearchEngine(SearchEngine):
         self.cx = cx or os.environ.get(GOOGLE_CX_ENV, "")
         if provider == "google" and not self.cx:
             raise ValueError(f"Google Programmable Search needs the search engine id: pass cx=... or set {GOOGLE_CX_ENV}")
-        self.base_url = _check_base_url(base_url or DEFAULT_BASE_URLS[provider])
+        self.base_url = check_key_transport(base_url or DEFAULT_BASE_URLS[provider])
         self.topk, self.retries, self.backoff = topk, retries, float(backoff)
         self.cache_ttl, self.on_failure, self.max_concurrency = cache_ttl, on_failure, max_concurrency
         self.stats = WebSearchStats()
         self.limiter = RateLimiter(rate_limit, burst)
-        self._cache = _LRUCache(cache_size)  # query -> (text, stored at, monotonic seconds)
+        self._cache = _LRUCache(cache_size)  # query -> (hits, stored at, monotonic seconds)
         self._lock = threading.Lock()
         self._http = httpx.Client(timeout=httpx.Timeout(timeout), headers=self._headers(),
                                   limits=httpx.Limits(max_connections=max(max_concurrency, 1)))
@@ -165,17 +165,31 @@ class WebSearchEngine(SearchEngine):
     # --- SearchEngine ---------------------------------------------------------------------------
 
     def batch_search(self, queries: list[str]) -> list[str]:
+        """Rendered results per query: `Doc i(Title: ..) snippet` lines, `No information found for:
+        QUERY` when the provider has no hit, "" for a blank query or a failure (see the module doc)."""
+        return [("" if hits is None or not q.strip() else
+                 render_passages([h["contents"] for h in hits]) if hits else no_information(q))
+                for q, hits in zip(queries, self._batch(queries))]
+
+    def batch_retrieve(self, queries: list[str]) -> list[list[dict]]:
+        """Hits per query as `{"id": URL, "contents": '"Title"\\nsnippet', "score": None}` (the
+        retriever client's shape; the id is the page URL, "" when the provider gave none); [] for a
+        blank query, no hit or a failure."""
+        return [[dict(h) for h in hits or []] for hits in self._batch(queries)]
+
+    def _batch(self, queries: list[str]) -> list[list[dict] | None]:
+        """Hits per query (None: failed after retries, nothing cached), each unique query once."""
         if isinstance(queries, str) or not isinstance(queries, (list, tuple)):
             raise ValueError(f"queries must be a list of strings, got {type(queries).__name__}")
         for i, q in enumerate(queries):
             if not isinstance(q, str):
                 raise ValueError(f"queries[{i}] must be a string, got {type(q).__name__}: {q!r}")
-        results: dict[str, str] = {}
+        results: dict[str, list[dict] | None] = {}
         missing = []
         now = time.monotonic()
         for q in dict.fromkeys(queries):
             if not q.strip():
-                results[q] = ""  # nothing to search: an empty step, no request
+                results[q] = []  # nothing to search: an empty step, no request
                 continue
             hit = self._cache.get(q)
             if hit is not None and (self.cache_ttl is None or now - hit[1] <= self.cache_ttl):
@@ -205,7 +219,7 @@ class WebSearchEngine(SearchEngine):
         with self._lock:
             setattr(self.stats, name, getattr(self.stats, name) + n)
 
-    def _search_one(self, query: str) -> str:
+    def _search_one(self, query: str) -> list[dict] | None:
         last_error, wait = "no attempt made", None
         for attempt in range(self.retries + 1):
             if attempt:
@@ -213,12 +227,12 @@ class WebSearchEngine(SearchEngine):
                 time.sleep(wait if wait is not None else backoff_delay(attempt, self.backoff))
             self.limiter.acquire()
             try:
-                text = self._request(query)
+                hits = self._request(query)
             except _Retry as exc:
                 last_error, wait = self._scrub(str(exc)), exc.wait
                 continue
-            self._cache.put(query, (text, time.monotonic()))
-            return text
+            self._cache.put(query, (hits, time.monotonic()))
+            return hits
         self._count("failures")
         stale = self._cache.get(query)
         logger.warning("%s search failed after %d attempt(s) for %r: %s%s", self.provider, self.retries + 1,
@@ -228,9 +242,9 @@ class WebSearchEngine(SearchEngine):
             return stale[0]
         if self.on_failure == "raise":
             raise SearchError(f"{self.provider} search failed after {self.retries + 1} attempt(s): {last_error}")
-        return ""
+        return None
 
-    def _request(self, query: str) -> str:
+    def _request(self, query: str) -> list[dict]:
         self._count("requests")
         try:
             if self.provider == "google":
@@ -254,14 +268,14 @@ class WebSearchEngine(SearchEngine):
             raise SearchError(f"{self.provider} rejected the API key (HTTP {resp.status_code}: "
                               f"{self._scrub(resp.text[:200])}); check {KEY_ENV[self.provider]} / api_key")
         if resp.status_code == 400:  # the provider finds the query itself invalid
-            return no_information(query)
+            return []
         if resp.status_code != 200:
             raise _Retry(f"HTTP {resp.status_code}: {resp.text[:200]}")
         try:
             docs = self._parse(resp.json())
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise _Retry(f"malformed response ({exc}): {resp.text[:200]!r}") from None
-        return render_passages(docs[: self.topk]) if docs else no_information(query)
+        return docs[: self.topk]
 
     # --- provider shapes ------------------------------------------------------------------------
 
@@ -272,20 +286,22 @@ class WebSearchEngine(SearchEngine):
             return {"Authorization": f"Bearer {self.api_key}"}
         return {}  # google: the key is a query parameter
 
-    def _parse(self, body: dict) -> list[str]:
-        """Response body -> documents in the corpus convention `"Title"\\ntext`."""
+    def _parse(self, body: dict) -> list[dict]:
+        """Response body -> hits `{"id": url, "contents": '"Title"\\ntext', "score": None}`."""
         if self.provider == "google":
-            hits = [(h.get("title", ""), h.get("snippet", "")) for h in body.get("items") or []]
+            hits = [(h.get("title", ""), h.get("snippet", ""), h.get("link")) for h in body.get("items") or []]
         elif self.provider == "serper":
             hits = []
             box = body.get("answerBox")
             if isinstance(box, dict) and (box.get("answer") or box.get("snippet")):
-                hits.append((box.get("title", "Answer"), box.get("answer") or box.get("snippet")))
-            hits += [(h.get("title", ""), h.get("snippet", "")) for h in body.get("organic") or []]
+                hits.append((box.get("title", "Answer"), box.get("answer") or box.get("snippet"), box.get("link")))
+            hits += [(h.get("title", ""), h.get("snippet", ""), h.get("link")) for h in body.get("organic") or []]
         else:
-            hits = [(h.get("title", ""), h.get("content", "")) for h in body.get("results") or []]
+            hits = [(h.get("title", ""), h.get("content", ""), h.get("url")) for h in body.get("results") or []]
         # One line per document: snippets may hold newlines.
-        return [f"\"{' '.join(str(t).split())}\"\n{' '.join(str(s).split())}" for t, s in hits if t or s]
+        return [{"id": url if isinstance(url, str) else "",
+                 "contents": f"\"{' '.join(str(t).split())}\"\n{' '.join(str(s).split())}", "score": None}
+                for t, s, url in hits if t or s]
 
     def _scrub(self, text: str) -> str:
         return text.replace(self.api_key, "***") if self.api_key else text
@@ -298,20 +314,3 @@ def _retry_after(resp: httpx.Response) -> float | None:
         return min(max(float(value), 0.0), 60.0) if value is not None else None
     except ValueError:
         return None
-
-
-def _check_base_url(url: str) -> str:
-    """HTTPS anywhere; plain HTTP only to loopback (a key sent in clear over a network leaks)."""
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError(f"base_url {url!r} must be an http(s) URL")
-    if parsed.scheme == "http":
-        host = parsed.hostname
-        try:
-            loopback = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = host == "localhost"
-        if not loopback:
-            raise ValueError(f"base_url {url!r} would send the API key unencrypted; use https:// "
-                             "(plain http is allowed for loopback test servers only)")
-    return url

@@ -140,7 +140,7 @@ class RolloutConfig:
     top_p: float = 1.0
     # Generation rounds in which a search is allowed (one last round without search follows).
     max_turns: int = 1
-    # Longest prompt that is rolled out.
+    # Longest prompt; a longer one keeps its last max_start_length tokens.
     max_start_length: int = 256
     # Longest rolling context (prompt + response so far) fed to the generator.
     max_prompt_length: int = 768
@@ -163,9 +163,9 @@ class RolloutConfig:
         for key in ("max_start_length", "max_prompt_length", "max_response_length", "max_obs_length",
                     "max_tokens_per_turn"):
             _check_range(f"rollout.{key}", getattr(self, key), 1)
-        if self.max_start_length > self.max_prompt_length:
+        if self.max_start_length >= self.max_prompt_length:
             raise _fail("rollout.max_start_length", self.max_start_length,
-                        f"<= rollout.max_prompt_length ({self.max_prompt_length})",
+                        f"< rollout.max_prompt_length ({self.max_prompt_length}), so a prompt leaves room to generate",
                         "lower max_start_length or raise max_prompt_length")
 
 
@@ -350,7 +350,7 @@ class TrainConfig:
         if self.rollout.max_start_length < self.data.max_prompt_length:
             raise _fail("rollout.max_start_length", self.rollout.max_start_length,
                         f">= data.max_prompt_length ({self.data.max_prompt_length})",
-                        "raise rollout.max_start_length (prompts longer than it are never rolled out)")
+                        "raise rollout.max_start_length (longer prompts would lose their start)")
 
     @classmethod
     def from_dict(cls, raw: dict | None) -> "TrainConfig":

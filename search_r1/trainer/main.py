@@ -26,7 +26,8 @@ from pathlib import Path
 from retriever_server.manifest import index_matches_corpus
 from retriever_server.launcher import ServerProcess, ServerStartError
 from search_r1.logs import quiet_library_loggers
-from search_r1.search.retriever_client import normalize_url
+from search_r1.search.base import SearchError
+from search_r1.search.retriever_client import check_reachable
 from search_r1.trainer.config import AUTO, TrainConfig
 
 log = logging.getLogger("search_r1.trainer")
@@ -65,20 +66,18 @@ def prepare_data(cfg: TrainConfig) -> DataPaths:
 
 
 # -- retriever --------------------------------------------------------------------------------------
-def check_retriever(url: str, timeout: float = 5.0) -> None:
-    """GET /health and one tiny /retrieve; StartupError naming the URL and the fix if either fails."""
-    import httpx
-
-    base = normalize_url(url).removesuffix("/retrieve")
+def check_retriever(url: str, timeout: float = 5.0, api_key: str | None = None) -> None:
+    """GET /health and one tiny /retrieve with the rollouts' bearer token (api_key, default env
+    RETRIEVER_API_KEY); StartupError naming the URL and the fix if either fails."""
     try:
-        httpx.get(base + "/health", timeout=timeout).raise_for_status()
-        httpx.post(base + "/retrieve", json={"queries": ["test"], "topk": 1, "return_scores": False},
-                   timeout=timeout).raise_for_status()
-    except Exception as exc:  # connection refused, timeout, HTTP error: all mean "not usable"
+        check_reachable(url, timeout=timeout, api_key=api_key)
+    except SearchError as exc:
+        if "refused /retrieve" in str(exc):
+            raise StartupError(str(exc)) from None
         raise StartupError(
-            f"retriever at {url} is unreachable ({type(exc).__name__}: {exc}). Fix: start it with "
-            f"`python -m retriever_server serve --index DIR --port PORT` and set retriever.url="
-            f"http://127.0.0.1:PORT/retrieve, or set retriever.url=auto to start one for this run") from None
+            f"{exc}. Fix: start it with `python -m retriever_server serve --index DIR --port PORT` and set "
+            f"retriever.url=http://127.0.0.1:PORT/retrieve, or set retriever.url=auto to start one for this "
+            f"run") from None
 
 
 @contextlib.contextmanager

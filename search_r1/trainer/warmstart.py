@@ -1,4 +1,4 @@
-"""Supervised format warm-start: teach a small policy the Search-R1 tag protocol before GRPO.
+"""Supervised format warm-start: teach a small policy the Search-R1 protocol before GRPO.
 
 Why: GRPO learns only from reward differences inside a group. SmolLM2-135M-Instruct never writes
 `<search>`/`<answer>` on its own (measured: 0 valid actions over the whole demo), so every reward
@@ -11,6 +11,13 @@ Demonstrations (single-hop train questions only, the test split is never touched
     <think> Look up {subject}. </think>\n<search> {question} </search>      <- policy turn 1
     \n\n<information>{real retrieved passages}</information>\n\n           <- environment (masked)
     <think> The passages give the answer. </think>\n<answer> {gold} </answer><|im_end|>  <- turn 2
+
+With `protocol="tool_call"` turn 1 is a tool call and the observation a `<tool_response>` block:
+
+    <think> Look up {subject}. </think>\n<tool_call>{"name": "search", "arguments": {"query": "{question}"}}</tool_call>
+
+in the JSON form the row's prompt shows (`{"action": "web_search", "action_input": {...}}` when the
+prompt asks for that, e.g. `search_r1.agents.toolcall`'s; `{"name": "search", ...}` otherwise).
 
 The search runs through the run's real retriever, and the observation ids come from the rollout's
 own `ObservationEncoder` with the rollout's `max_obs_length` budget, so the text the model is
@@ -48,6 +55,7 @@ META_FILE = "warmstart.json"
 FORMAT_VERSION = 1
 MICRO_BATCH = 2  # rows per forward/backward: ~0.8 GB of activations each for SmolLM2 at ~300 tokens
 THINK_SEARCH = "<think> Look up {subject}. </think>\n<search> {query} </search>"
+THINK_TOOL_CALL = "<think> Look up {subject}. </think>\n<tool_call>{call}</tool_call>"
 THINK_ANSWER = "<think> The passages give the answer. </think>\n<answer> {answer} </answer>"
 
 
@@ -101,9 +109,9 @@ def build_demos(tokenizer, search_engine, train_files, n_examples: int, seed: in
     from search_r1.prompts import apply_chat_template
     from search_r1.protocol import ObservationEncoder, decode_ids, encode_texts
 
-    if protocol != "tags":
-        raise ValueError(f"warmstart demonstrations are written for data.protocol='tags', got {protocol!r}. "
-                         f"Fix: set warmstart.enabled=false for the tool_call protocol")
+    if protocol not in ("tags", "tool_call"):
+        raise ValueError(f"warmstart demonstrations are written for data.protocol tags or tool_call, got "
+                         f"{protocol!r}. Fix: set data.protocol, or warmstart.enabled=false")
     rows = _train_rows(train_files, protocol)
     if not rows:
         raise ValueError(f"no single-hop rows in {list(map(str, train_files))} to build warm-start "
@@ -117,7 +125,7 @@ def build_demos(tokenizer, search_engine, train_files, n_examples: int, seed: in
     chunk = max(8, 2 * n_examples)
     for start in range(0, len(rows), chunk):
         batch = rows[start:start + chunk]
-        turn1 = [THINK_SEARCH.format(subject=r["subject"], query=r["question"]) for r in batch]
+        turn1 = [_search_turn(r, protocol) for r in batch]
         turn2 = [THINK_ANSWER.format(answer=r["golden_answers"][0]) for r in batch]
         ids1, ids2 = encode_texts(tokenizer, turn1), encode_texts(tokenizer, turn2)
         passages = search_engine.batch_search([r["question"] for r in batch])
@@ -147,6 +155,19 @@ def build_demos(tokenizer, search_engine, train_files, n_examples: int, seed: in
                          f"warmstart.enabled=false")
     log.info("warm-start demonstrations: %d kept, skipped %s", len(demos), stats)
     return demos
+
+
+def _search_turn(row: dict, protocol: str) -> str:
+    """The demonstration's first policy turn: a search for the question, in the protocol's syntax
+    (for tool_call, in the JSON form the row's prompt shows)."""
+    if protocol == "tags":
+        return THINK_SEARCH.format(subject=row["subject"], query=row["question"])
+    prompt = " ".join(m["content"] for m in row["messages"])
+    if '"action": "web_search"' in prompt:
+        call = {"action": "web_search", "action_input": {"query": row["question"]}}
+    else:
+        call = {"name": "search", "arguments": {"query": row["question"]}}
+    return THINK_TOOL_CALL.format(subject=row["subject"], call=json.dumps(call, ensure_ascii=False))
 
 
 def _batches(demos: list[Demo], batch_size: int, steps: int, seed: int):

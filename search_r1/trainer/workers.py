@@ -569,6 +569,7 @@ def create_worker_group(spec: WorkerSpec, n_workers: int):
     """
     import ray
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from verl.utils.device import get_device_name
 
     pool = RayResourcePool(process_on_nodes=[n_workers], use_gpu=False, max_colocate_count=1)
     cls = RayClassWithInitArgs(cls=ray.remote(PolicyWorker), spec=spec)
@@ -577,7 +578,9 @@ def create_worker_group(spec: WorkerSpec, n_workers: int):
     # descheduled sibling; measured 8x slower decoding under load with the default policy.
     env = {"OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads),
            "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
-    group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls, worker_env=env)
+    # The platform verl resolved here (verl_ext/cpu's "cpu" on a CPU-only torch): the group's default
+    # "cuda" would log a device mismatch when placing the workers.
+    group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls, worker_env=env, device_name=get_device_name())
     group.init_model()
     return group, pool
 

@@ -20,11 +20,17 @@ def test_help_explains_every_flag():
     for flag in ("--index", "--host", "--port", "--api-key", "--topk", "--max-topk", "--max-queries",
                  "--max-query-chars", "--max-body-bytes", "--max-ids", "--batch-window-ms", "--max-batch",
                  "--workers", "--torch-threads", "--faiss-threads", "--quantize", "--flat-search", "--rrf-k",
-                 "--rrf-depth"):
+                 "--rrf-depth", "--mmap", "--faiss-gpu", "--ray", "--ray-address", "--shards", "--replicas",
+                 "--ingress-replicas", "--shard-cpus", "--shard-memory-gb", "--shard-timeout-s", "--shard-retries"):
         assert flag in serve.stdout, flag
     build = run("build", "--help")
-    for flag in ("--corpus", "--kind", "--out", "--model", "--faiss", "--hnsw-m", "--ivf-nlist", "--force"):
+    for flag in ("--corpus", "--kind", "--out", "--model", "--faiss", "--hnsw-m", "--ivf-nlist", "--force",
+                 "ivfpq", "--pq-m", "--pq-nbits", "--shards", "--faiss-gpu", "--convention", "--pooling",
+                 "--query-prefix", "--passage-prefix", "--normalize"):
         assert flag in build.stdout, flag
+    imp = run("import", "--help")
+    for flag in ("--faiss", "--corpus", "--out", "--model", "--verify", "--convention", "--no-normalize"):
+        assert flag in imp.stdout, flag
 
 
 def test_serve_defaults():

@@ -26,7 +26,7 @@ from verl_ext.agent_loop import SearchR1Settings
 from tests._fixtures.retriever import corpus_titles, dead_url
 from tests.search_r1.rollout.scripted import ScriptedGenerator, smollm2_tokenizer
 from tests.search_r1.rollout.test_generation import make_batch
-from tests.verl_ext.helpers import FakeVLLMServer, ScriptedLLMClient, verl_config
+from tests.verl_ext.helpers import FakeVLLMServer, ScriptedLLMClient, _Method, verl_config
 
 PROTOCOLS = ("tags", "tool_call")
 
@@ -62,6 +62,9 @@ def cases(titles, protocol):
         "retriever_down": (["Who is T1", "q2"], [[s1, answer("unknown")], [answer("unknown")]],
                            {"search_r1__retriever__urls": "DEAD", "search_r1__retriever__retries": 1,
                             "search_r1__retriever__backoff": 0.01, "search_r1__retriever__timeout": 2.0}, True),
+        # longer than rollout.prompt_length: both paths keep its last prompt_length tokens
+        "overlong_prompt": (["Who is T1 " + "and what else " * 10, "Who is T2"], [[s1, answer(t1)], [answer(t2)]],
+                            {"data__max_prompt_length": "CUT"}, True),
     }
 
 
@@ -69,6 +72,10 @@ def run_both(tok, protocol, questions, scripts, overrides, honour_stop, retrieve
     """(batch DataProto from run_llm_loop, DataProto from verl's AgentLoopWorker, fake server)."""
     prompts, batch = make_batch(tok, questions, protocol)
     overrides = dict(overrides)
+    prompt_length = max(map(len, prompts)) + 8
+    if overrides.pop("data__max_prompt_length", None) == "CUT":
+        prompt_length = len(prompts[0]) - 5  # row 0 loses 5 tokens, row 1 (shorter) none
+    known = [p[-prompt_length:] for p in prompts]  # the prompts the policy is asked to continue
     if overrides.get("search_r1__max_context_length") == "LIMIT":
         # room for one long turn and a shortened observation, not for a second turn of that size
         n_turn = len(tok(scripts[0][0], add_special_tokens=False)["input_ids"])
@@ -76,7 +83,7 @@ def run_both(tok, protocol, questions, scripts, overrides, honour_stop, retrieve
     if overrides.get("search_r1__retriever__urls") == "DEAD":
         overrides["search_r1__retriever__urls"] = [dead_url()]
     overrides.setdefault("search_r1__retriever__urls", [retriever_url])
-    cfg = verl_config(search_r1__protocol=protocol, data__max_prompt_length=max(map(len, prompts)) + 8,
+    cfg = verl_config(search_r1__protocol=protocol, data__max_prompt_length=prompt_length,
                       data__max_response_length=400, **overrides)
     settings = SearchR1Settings.from_config(cfg)
     r = settings.retriever
@@ -85,12 +92,12 @@ def run_both(tok, protocol, questions, scripts, overrides, honour_stop, retrieve
         return RetrieverClient(list(r.urls), topk=r.topk, timeout=r.timeout, retries=r.retries, backoff=r.backoff)
 
     # -- batch driver -----------------------------------------------------------------------------
-    gen = ScriptedGenerator(tok, prompts, scripts, honour_stop=honour_stop)
+    gen = ScriptedGenerator(tok, known, scripts, honour_stop=honour_stop)
     gen_config = settings.generation_config(cfg.actor_rollout_ref.rollout)
     batch_out = LLMGenerationManager(tok, gen, gen_config, engine()).run_llm_loop(batch)
 
     # -- verl's AgentLoopWorker running SearchR1AgentLoop -------------------------------------------
-    server = FakeVLLMServer(ScriptedGenerator(tok, prompts, scripts, honour_stop=honour_stop),
+    server = FakeVLLMServer(ScriptedGenerator(tok, known, scripts, honour_stop=honour_stop),
                             cfg.actor_rollout_ref.rollout.prompt_length, cfg.actor_rollout_ref.rollout.response_length)
     client = ScriptedLLMClient(cfg, server)
     server.client = client  # for tests that look at routing
@@ -122,7 +129,8 @@ def unpadded(out: DataProto, i: int) -> dict:
 
 STAT_KEYS = {"turns": "turns_stats", "valid_actions": "valid_action_stats", "valid_searches": "valid_search_stats",
              "search_failures": "search_failure_stats", "truncated": "truncated_mask",
-             "generated_tokens": "generated_token_stats", "observation_tokens": "observation_token_stats"}
+             "generated_tokens": "generated_token_stats", "observation_tokens": "observation_token_stats",
+             "prompt_cut": "prompt_cut_stats"}
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +164,7 @@ def test_same_trajectories_on_both_paths(tok, retriever_server, protocol, case):
               "observation_too_long": s0["shortened_observations"] == 1,
               "context_overflow": bool(s0["truncated"]),
               "retriever_down": s0["search_failures"] == 1 and s0["answered"],
+              "overlong_prompt": s0["prompt_cut"] == 5 and s0["valid_searches"] == 1 and s0["answered"],
               "search_then_answer": s0["valid_searches"] == 1 and s0["answered"]}
     assert expect[case], s0
     assert (verl_out.non_tensor_batch["__num_turns__"] >= 2).all()
@@ -184,23 +193,60 @@ def test_stop_strings_and_sampling_params_reach_the_server(tok, retriever_server
     assert len(server.client.acquired) == 2 and len(set(server.client.acquired)) == 1
 
 
-def test_prompt_longer_than_prompt_length_is_not_rolled_out(tok, retriever_server):
-    prompts, _ = make_batch(tok, ["a much longer question " * 10])
-    cfg_len = len(prompts[0]) - 5
-    questions = ["a much longer question " * 10]
-    batch_prompts, batch = make_batch(tok, questions)
-    cfg = verl_config(data__max_prompt_length=cfg_len, data__max_response_length=64,
+class LocalActor:
+    """`handle.method.remote(...)` of a Ray actor handle, answered by a local object (verl awaits it)."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __getattr__(self, name):
+        return _Method(getattr(self.obj, name))
+
+
+def test_overlong_prompt_trains_through_verls_reward_and_transfer_queue_paths(tok, retriever_server):
+    """One prompt longer than rollout.prompt_length, through verl's real AgentLoopWorker and its real
+    RewardLoopWorker (verl_ext.reward): the prompt keeps its last prompt_length tokens, the policy is
+    asked to continue exactly that, the score lands on the last response token, and the raw output
+    converts as verl's v1 TransferQueue worker converts it (`AgentLoopOutput.as_dict`, which raised
+    IndexError on an empty response and failed the whole group)."""
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+    question = "a much longer question " * 10
+    full = make_batch(tok, [question])[0][0]
+    cap = len(full) - 5
+    cfg = verl_config(data__max_prompt_length=cap, data__max_response_length=64,
                       search_r1__retriever__urls=[retriever_server.url])
-    server = FakeVLLMServer(ScriptedGenerator(tok, batch_prompts, [[answer("b")]]), cfg_len, 64)
-    worker = AgentLoopWorker(cfg, ScriptedLLMClient(cfg, server))
+    server = FakeVLLMServer(ScriptedGenerator(tok, [full[-cap:]], [[answer("b")]]), cap, 64)
+    raw = []
+
+    async def run(rows):
+        # the reward worker binds the event loop it is created in, as in its Ray actor
+        worker = AgentLoopWorker(cfg, ScriptedLLMClient(cfg, server),
+                                 reward_loop_worker_handles=[LocalActor(RewardLoopWorker(cfg))])
+        postprocess = worker._agent_loop_postprocess
+
+        async def keep_raw(output, validate, **kwargs):
+            raw.append(output)
+            return await postprocess(output, validate, **kwargs)
+
+        worker._agent_loop_postprocess = keep_raw
+        return await worker.generate_sequences(rows)
+
     rows = DataProto.from_dict(non_tensors={"raw_prompt": np.array([None], dtype=object),
-                                            "uid": np.array(["u0"], dtype=object)},
+                                            "uid": np.array(["u0"], dtype=object),
+                                            "data_source": np.array(["synth"], dtype=object),
+                                            "reward_model": np.array([{"ground_truth": {"target": ["b"]}}],
+                                                                     dtype=object)},
                                meta_info={"validate": False, "global_steps": 1})
-    rows.non_tensor_batch["raw_prompt"][0] = make_messages(questions[0])
-    out = asyncio.run(worker.generate_sequences(rows))
-    assert server.calls == []  # never generated
+    rows.non_tensor_batch["raw_prompt"][0] = make_messages(question)
+    out = asyncio.run(run(rows))
+    assert [c["prompt_ids"] for c in server.calls] == [full[-cap:]]  # generated from the cut prompt
     stats = out.non_tensor_batch["search_r1"][0]
-    assert stats["truncated"] == 1 and stats["turns"] == 0
-    assert out.batch["prompts"].shape[1] == cfg_len and int(out.batch["attention_mask"][0].sum()) == cfg_len
-    # `agent_name` absent: the config's default agent loop (search_r1) ran the row
-    assert torch.equal(out.batch["response_mask"], torch.zeros_like(out.batch["response_mask"]))
+    assert stats["prompt_cut"] == 5 and stats["answered"] == 1 and stats["truncated"] == 0
+    row = unpadded(out, 0)
+    assert row["prompt"] == full[-cap:] and tok.decode(row["response"]) == answer("b")
+    # EM reward 1 on the last response token, 0 elsewhere (verl's _postprocess placement)
+    assert out.batch["rm_scores"][0].tolist() == [0.0] * (len(row["response"]) - 1) + [1.0] + \
+        [0.0] * (64 - len(row["response"]))
+    field = raw[0].as_dict()  # what AgentLoopWorkerTQ stores per trajectory
+    assert field["rm_scores"].tolist()[-1] == 1.0 and field["prompts"].tolist() == full[-cap:]

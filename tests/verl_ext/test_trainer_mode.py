@@ -34,7 +34,8 @@ def test_search_metrics_hand_computed():
          "generated_tokens": 30, "observation_tokens": 50, "overshoot_tokens": 0, "shortened_observations": 0},
         # turns 3: invalid, search that failed, never answered, truncated
         {"turns": 3, "valid_actions": 1, "valid_searches": 1, "search_failures": 1, "answered": 0, "truncated": 1,
-         "generated_tokens": 10, "observation_tokens": 20, "overshoot_tokens": 4, "shortened_observations": 1},
+         "generated_tokens": 10, "observation_tokens": 20, "overshoot_tokens": 4, "shortened_observations": 1,
+         "prompt_cut": 7},
     ]
     m = search_metrics(stats)
     assert m["env/turns_mean"] == 2.5 and m["env/searches_mean"] == 1.0
@@ -43,6 +44,7 @@ def test_search_metrics_hand_computed():
     assert m["env/search_failure_rate"] == 0.5  # 1 failed of 2 issued
     assert m["response/generated_tokens_mean"] == 20.0 and m["response/obs_tokens_mean"] == 35.0
     assert m["response/truncated_ratio"] == 0.5 and m["response/overshoot_tokens"] == 4.0
+    assert m["prompt/cut_ratio"] == 0.5  # one of two prompts was cut
     assert search_metrics([]) == {}
 
 

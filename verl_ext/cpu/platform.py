@@ -1,10 +1,14 @@
 """A CPU platform for verl 0.9's platform registry, so verl's own trainer runs without an accelerator.
 
 Selected by `VERL_PLATFORM=cpu` (verl reads it in `verl.plugin.platform.platform_manager.
-_detect_platform_name`); `register()` in `verl_ext.cpu` adds the class to `PlatformRegistry` in
-every process that imports verl (the `verl.plugins` entry point), before anything calls
-`get_platform()`. It is never auto-detected: `is_platform_available` is False, so a GPU machine
-without the variable keeps verl's own detection.
+_detect_platform_name`), or detected in a process whose torch build drives no accelerator (a
+CPU-only torch); `register()` in `verl_ext.cpu` adds the class to `PlatformRegistry` in every process
+that imports verl (the `verl.plugins` entry point), before anything calls `get_platform()`. It is
+registered after verl's accelerators, so detection probes it last: a CUDA or ROCm torch (GPU nodes,
+and CPU-only Ray actors on them) keeps verl's own detection. Without it, every CPU-only process
+that builds a verl `Worker` (the embedded CPU trainer's workers, every run) logged "No supported
+accelerator detected ... Falling back to 'nvidia'" and "Platform 'nvidia' ... is registered but
+not available", and answered CUDA names on a host without CUDA.
 
 What verl asks of a platform and why the answers are these:
 - `device_name` "cpu", `current_device()` "cpu": verl moves tensors with `.to(get_device_id())`;
@@ -98,8 +102,9 @@ class PlatformCPU(PlatformBase):
         return True
 
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
-        # Only chosen explicitly (VERL_PLATFORM=cpu): auto-detection must keep preferring accelerators.
-        return False
+        # Probed after verl's accelerators; true only for a torch that can drive none of them, so a
+        # GPU build (even in a CPU-only actor, where torch.cuda.is_available() is False) never lands here.
+        return torch.version.cuda is None and torch.version.hip is None and not torch.cuda.is_available()
 
     def current_device(self) -> str:  # verl's annotation says int; "cpu" is what `.to()` needs here
         return "cpu"
@@ -192,5 +197,6 @@ def cpu_list_spec(cores: list[int]) -> str:
 
 
 def is_cpu_platform() -> bool:
-    """True when this process selected the CPU platform (`VERL_PLATFORM=cpu`)."""
+    """True when this process selected the CPU platform (`VERL_PLATFORM=cpu`): the runs of verl's
+    trainer on a CPU (the `*_cpu` configs), whose workers verl_ext/cpu swaps."""
     return os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME

@@ -203,6 +203,43 @@ def test_tiny_model_from_a_checkpoint_end_to_end(tiny, synth_world, retriever_se
     assert "| data_source | alias EM | alias F1 | ckpt EM | ckpt F1 |" in capsys.readouterr().out
 
 
+def test_resume_is_refused_when_what_model_names_changed(tiny, synth_world, retriever_server, start_retriever,
+                                                         tmp_path, capsys):
+    """`--model RUN_DIR` resumed after a new training run wrote other weights under the same checkpoint
+    path: refused, naming the weights fingerprint and the fix (it used to reuse the old predictions)."""
+    import torch
+
+    from search_r1.trainer.checkpoint import CheckpointManager
+
+    model, tok = tiny
+    run = tmp_path / "train_run"
+    CheckpointManager(run / "checkpoints").save(3, model, tok)
+    (run / "config.json").write_text('{"trainer": {}}')
+    args = ["--model", str(run), "--out", str(tmp_path / "ev"), "--data", str(synth_world / "test.parquet"),
+            "--retriever-url", retriever_server.base_url, *TINY_FLAGS]
+    assert main(args) == 0
+    assert main(args) == 0  # nothing changed: resumes (all done)
+    other = type(model)(model.config)
+    other.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        next(other.parameters()).add_(0.01)
+    CheckpointManager(run / "checkpoints").save(3, other, tok)  # same path, other weights
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "resolved.model.weights_sha256" in err and "resolved.model.path" not in err
+    assert "Fix: use another --out, or --overwrite" in err
+    assert main([*args, "--overwrite"]) == 0
+    saved = json.loads((tmp_path / "ev" / "run_config.json").read_text())["resolved"]
+    assert saved["model"]["path"] == str((run / "checkpoints" / "global_step_3" / "model").resolve())
+    assert saved["retriever"]["urls"] == [retriever_server.url] and saved["retriever"]["kind"] == "bm25"
+    # another retriever (same index, another server): refused too
+    second = start_retriever(retriever_server.index_dir)
+    capsys.readouterr()
+    assert main([*args[:-len(TINY_FLAGS) - 2], "--retriever-url", second.base_url, *TINY_FLAGS]) == 2
+    assert "resolved.retriever.urls" in capsys.readouterr().err
+
+
 def test_openai_endpoint_matches_local_model(tiny, synth_world, tmp_path):
     """--base-url against a fake vLLM /v1/completions server running the same tiny model: the same
     greedy predictions as the local HF path."""

@@ -72,7 +72,17 @@ def test_config_defaults_are_the_spec():
     assert {k: getattr(c, k) for k in spec} == spec
     assert c.resolved_openai_api == "chat"  # gpt-4o-mini at api.openai.com offers only chat completions
     assert c.device == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert c.torch_dtype == (torch.float16 if torch.cuda.is_available() else torch.float32)
+    if not torch.cuda.is_available():
+        assert c.compute_dtype == torch.float32
+
+
+@pytest.mark.parametrize("bf16, want", [(True, torch.bfloat16), (False, torch.float16)])
+def test_auto_dtype_on_cuda_is_bf16_where_supported(monkeypatch, bf16, want):
+    """auto never means float16 weights: it picks the autocast dtype (the weights stay float32)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    assert SearchR1Config(device="cuda").compute_dtype == want
+    assert SearchR1Config(device="cuda", dtype="float32").compute_dtype == torch.float32
 
 
 @pytest.mark.parametrize("kwargs,message", [

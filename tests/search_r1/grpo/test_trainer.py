@@ -10,7 +10,9 @@ from search_r1.models import load_model_and_tokenizer
 from search_r1.prompts import apply_chat_template, grpo_messages
 from search_r1.search import RetrieverClient
 
-from .conftest import GOLD, QUERIES, VELTRA, tiny_config
+from tests._fixtures.retriever import corpus_titles
+
+from .conftest import GOLD, QUERIES, VELTRA, install_script, tiny_config
 
 
 def _check_layout(t: Trajectory, trainer: GRPOTrainer) -> None:
@@ -176,9 +178,62 @@ def test_save_load_resume_reproduces_the_uninterrupted_run(scripted_trainer, tmp
     assert [h["step"] for h in d.train(queries, gold)] == [2, 3] and d.data_step == 2
 
 
-def test_build_search_engine_from_config(monkeypatch):
-    engine = build_search_engine(tiny_config(search_backend="retriever", retriever_url="http://127.0.0.1:9"))
+def test_float16_trains_float32_master_weights_under_autocast():
+    """dtype=float16 (what auto picks on a CUDA device without bf16), on CPU: the weights and AdamW's
+    state stay float32, forward passes run in float16 with a gradient scaler; after updates every
+    weight is finite and the policy moved. (float16 weights under AdamW turned NaN in one step.)"""
+    trainer = GRPOTrainer(tiny_config(dtype="float16", update_times=2, learning_rate=1e-4),
+                          search_engine=MockSearchEngine({"veltra": VELTRA}))  # loads the model itself
+    install_script(trainer, QUERIES)
+    trajectories = trainer.rollout(QUERIES)
+    assert all(math.isfinite(lp) for t in trajectories for lp in t.old_log_probs)
+    for t, a in zip(trajectories, (1.0, -1.0)):
+        t.advantage = a
+    before = trainer.recompute_log_probs(trajectories)
+    m = trainer.update_policy(trajectories)
+    assert m["skipped"] == 0 and math.isfinite(m["loss"]) and m["grad_norm"] > 0
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert all(torch.isfinite(s["exp_avg_sq"]).all() for s in trainer.optimizer.state.values())
+    after = trainer.recompute_log_probs(trajectories)
+    # the update moved the policy: toward the +1 trajectory, away from the -1 one
+    assert after[0].sum() > before[0].sum() and after[1].sum() < before[1].sum()
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32} and trainer.scaler.is_enabled()
+
+
+def test_prompt_longer_than_max_prompt_length_keeps_its_last_tokens():
+    model, tokenizer = load_model_and_tokenizer("tiny-random-qwen3")
+    trainer = GRPOTrainer(tiny_config(max_prompt_length=40), search_engine=MockSearchEngine({}), model=model,
+                          tokenizer=tokenizer)
+    full = trainer.prompt_ids(QUERIES[0])
+    assert len(full) > 40
+    [t] = trainer.rollout([QUERIES[0]], max_tokens=6)
+    assert t.full_input_ids[:40] == full[-40:] and len(t.token_steps) == 6
+    assert [s.position for s in t.token_steps] == list(range(40, 46))
+    # the trajectory is the sequence that was sampled: teacher forcing reproduces its log-probs
+    assert torch.allclose(trainer.recompute_log_probs([t])[0], torch.tensor(t.old_log_probs), atol=1e-4)
+
+
+def test_no_retriever_at_the_configured_url_fails_at_construction(retriever_server, start_retriever, monkeypatch):
+    """search_backend=retriever with nothing at retriever_url: an error naming the fixes, not a run
+    that trains on "search failed" observations."""
+    dead = tiny_config(search_backend="retriever", retriever_url="http://127.0.0.1:9")
+    with pytest.raises(ValueError, match=r"retriever_url: retriever at http://127.0.0.1:9 is unreachable.*"
+                                         r"retriever_server serve.*search_backend='synthetic'.*search_engine="):
+        build_search_engine(dead)
+    engine = build_search_engine(dead, check=False)  # what the check guards
     assert isinstance(engine, RetrieverClient) and engine.urls == ["http://127.0.0.1:9/retrieve"]
+    live = build_search_engine(tiny_config(search_backend="retriever", retriever_url=retriever_server.base_url))
+    [title] = corpus_titles(retriever_server.corpus_path, 1)
+    assert live.batch_search([title])[0].startswith("Doc 1(Title:")
+    monkeypatch.delenv("RETRIEVER_API_KEY", raising=False)
+    keyed = start_retriever(retriever_server.index_dir, api_key="s3cret")
+    with pytest.raises(ValueError, match="HTTP 401.*RETRIEVER_API_KEY"):
+        build_search_engine(tiny_config(search_backend="retriever", retriever_url=keyed.base_url))
+    monkeypatch.setenv("RETRIEVER_API_KEY", "s3cret")
+    build_search_engine(tiny_config(search_backend="retriever", retriever_url=keyed.base_url))
+
+
+def test_build_search_engine_from_config(monkeypatch):
     monkeypatch.setenv("SERPER_API_KEY", "k")
     web = build_search_engine(tiny_config(search_backend="web", web_provider="serper", topk=2))
     assert web.provider == "serper" and web.topk == 2

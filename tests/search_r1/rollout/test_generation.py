@@ -241,7 +241,7 @@ def test_context_overflow_ends_cleanly(tok):
     limit = max(len(p) for p in prompts) + n_s + 30
     out, gen = run(tok, ["Who founded Veltra", "Who founded Veltra and when exactly"],
                    [[s, s, s], ["<answer> x </answer>"]], engine,
-                   max_turns=3, max_prompt_length=limit, max_start_length=limit, max_obs_length=100)
+                   max_turns=3, max_prompt_length=limit, max_start_length=limit - 1, max_obs_length=100)
     m = out.meta_info
     assert m["truncated_mask"] == [True, False] and m["active_mask"] == [True, False]
     P = out.batch["prompts"].shape[1]
@@ -254,21 +254,31 @@ def test_context_overflow_ends_cleanly(tok):
     assert whole.startswith(s + "\n\n<information>") and "</information>\n\n" in whole
 
 
-def test_prompt_longer_than_max_start_length_is_not_rolled_out(tok):
-    engine = MockSearchEngine({})
-    prompts, _ = make_batch(tok, ["short", "a much longer question " * 10])
-    out, gen = run(tok, ["short", "a much longer question " * 10], [["<answer> a </answer>"], ["<answer> b </answer>"]],
-                   engine, max_start_length=len(prompts[0]) + 1)
-    assert [c["rows"] for c in gen.calls] == [[0]]
-    assert out.meta_info["truncated_mask"] == [False, True]
-    assert texts(out, tok, 1) == ("", "")
+def test_prompt_longer_than_max_start_length_keeps_its_last_tokens(tok):
+    """As upstream's run_llm_loop and verl's agent loops: cut from the left, then rolled out (an
+    empty response would give verl's reward placement nothing to stand on)."""
+    questions = ["short", "a much longer question " * 10]
+    prompts, batch = make_batch(tok, questions)
+    cap = len(prompts[0]) + 1
+    kept = [p[-cap:] for p in prompts]  # row 0 fits; row 1 loses len(prompts[1]) - cap tokens
+    gen = ScriptedGenerator(tok, kept, [["<answer> a </answer>"], ["<answer> b </answer>"]])
+    config = GenerationConfig(max_start_length=cap, max_response_length=400)
+    out = LLMGenerationManager(tok, gen, config, MockSearchEngine({})).run_llm_loop(batch)
+    check_layout(out, kept, config)
+    assert [c["rows"] for c in gen.calls] == [[0, 1]]
+    assert out.batch["prompts"].shape[1] == cap
+    assert out.meta_info["prompt_cut_stats"] == [0, len(prompts[1]) - cap]
+    assert out.meta_info["truncated_mask"] == [False, False] and out.meta_info["rollout_stats"]["prompts_cut"] == 1
+    assert texts(out, tok, 1) == ("<answer> b </answer>", "<answer> b </answer>")
 
 
 def test_config_validation_names_the_key():
     with pytest.raises(ValueError, match="max_turns must be an int >= 0"):
         GenerationConfig(max_turns=-1)
-    with pytest.raises(ValueError, match="max_start_length .* must not exceed max_prompt_length"):
+    with pytest.raises(ValueError, match="max_start_length .* must be less than max_prompt_length"):
         GenerationConfig(max_start_length=10, max_prompt_length=5)
+    with pytest.raises(ValueError, match="must leave room to generate"):
+        GenerationConfig(max_start_length=10, max_prompt_length=10)
     with pytest.raises(ValueError, match="allowed values"):
         GenerationConfig(protocol="json")
     with pytest.raises(ValueError, match="max_obs_length must be an int >= 1"):

@@ -60,6 +60,12 @@ def test_parse_reports_end_of_action():
     ('<tool_call>{"name": "search", "arguments": {"query": 3}}</tool_call>', "invalid", ""),
     ("<tool_call>not json</tool_call>", "invalid", ""),
     ('<tool_call>["search"]</tool_call>', "invalid", ""),
+    # the QwQ / ReAct form, with the web_search name, reads the same
+    ('<tool_call>{"action": "web_search", "action_input": {"query": " Veltra "}}</tool_call>', "search", "Veltra"),
+    ('<tool_call>{"action": "search", "action_input": "{\\"query\\": \\"q2\\"}"}</tool_call>', "search", "q2"),
+    ('<tool_call>{"name": "web_search", "arguments": {"query": "q3"}}</tool_call>', "search", "q3"),
+    ('<tool_call>{"action": "access", "action_input": {"query": "q"}}</tool_call>', "invalid", ""),
+    ('<tool_call>{"action": "web_search", "action_input": ["q"]}</tool_call>', "invalid", ""),
     ("<search> q </search>", "invalid", ""),
 ])
 def test_parse_tool_call(text, kind, content):
@@ -123,3 +129,26 @@ def test_encoder_tool_call_wrapper(tok):
     enc = ObservationEncoder(tok, "tool_call")
     [ids] = enc.encode(["search"], ["Doc 1(Title: A) b\n"], [100])
     assert tok.decode(ids) == "\n\n<tool_response>Doc 1(Title: A) b</tool_response>\n\n"
+
+
+@pytest.mark.parametrize("payload, problem", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "must be a JSON object, got a list"),
+    ('{"arguments": {"query": "q"}}', "names no tool"),
+    ('{"name": "search", "arguments": "oops"}', "string that is not a JSON object"),
+    ('{"action": "web_search", "action_input": 3}', "action_input of the tool call must be a JSON object"),
+])
+def test_decode_tool_call_names_the_problem(payload, problem):
+    from search_r1.protocol import decode_tool_call
+
+    with pytest.raises(ValueError, match=problem):
+        decode_tool_call(payload)
+
+
+def test_decode_tool_call_both_forms():
+    from search_r1.protocol import ToolCall, decode_tool_call
+
+    assert decode_tool_call('{"name": "access", "arguments": {"target": "34"}}') == ToolCall("access", {"target": "34"})
+    assert decode_tool_call('{"action": "web_search", "action_input": {"query": "x"}}') == \
+        ToolCall("web_search", {"query": "x"})
+    assert decode_tool_call('{"name": "search"}') == ToolCall("search", {})

@@ -140,3 +140,30 @@ def test_4xx_is_not_retried_and_carries_server_message(retriever_server, dead_ur
         client.batch_search(["river"])
     assert time.monotonic() - t0 < 1.0  # no backoff sleep happened
     assert client.stats.requests == 1 and retriever_server.url in str(err.value)
+
+
+def test_batch_access_reads_whole_documents_by_id(retriever_server):
+    corpus = _corpus(retriever_server.corpus_path)
+    ids = list(corpus)[:3]
+    with RetrieverClient(retriever_server.base_url) as client:
+        docs = client.batch_access([ids[2], "no-such-id", ids[0]])
+        assert client.stats.requests == 1 and client.stats.queries_sent == 0
+    assert docs[1] is None
+    assert [d["id"] for d in (docs[0], docs[2])] == [ids[2], ids[0]]
+    assert docs[0]["contents"] == corpus[ids[2]] and docs[2]["contents"] == corpus[ids[0]]
+    with pytest.raises(ValueError, match=r"ids\[0\] must be a non-empty string"):
+        RetrieverClient(retriever_server.url).batch_access([" "])
+
+
+def test_batch_access_fails_over_like_searches(retriever_server):
+    from tests._fixtures.retriever import dead_url
+
+    client = RetrieverClient([dead_url(), retriever_server.url], retries=0)
+    assert client.batch_access(["0"])[0]["id"] == "0"
+    with pytest.raises(SearchError, match=r"1 ids\)"):
+        RetrieverClient(dead_url(), retries=0, timeout=1.0).batch_access(["0"])
+
+
+def test_render_passages_numbers_from_start():
+    text = render_passages(['"A"\nalpha', '"B"\nbeta'], start=4)
+    assert text == "Doc 4(Title: A) alpha\nDoc 5(Title: B) beta\n"

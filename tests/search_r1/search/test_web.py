@@ -153,6 +153,20 @@ def test_each_provider_request_shape_and_rendering(fake, provider):
     assert engine.search("nothing here") == "No information found for: nothing here"
 
 
+@pytest.mark.parametrize("provider", ["google", "serper", "tavily"])
+def test_batch_retrieve_keeps_each_hit_url(fake, provider):
+    """Agents open result pages by URL: each provider's link field becomes the hit's id."""
+    f = fake(provider)
+    engine = _engine(f)
+    (hits, blank, none) = engine.batch_retrieve(["veltra founder", " ", "nothing here"])
+    assert hits == [{"id": f"https://ex.com/{i}", "contents": f'"veltra founder page {i}"\nAbout veltra founder, '
+                     f"result {i}.", "score": None} for i in (1, 2)]
+    assert blank == [] and none == []
+    assert len(f.requests) == 2  # the blank query is never sent
+    hits[0]["id"] = "changed"
+    assert engine.batch_retrieve(["veltra founder"])[0][0]["id"] == "https://ex.com/1"  # the cache is not aliased
+
+
 def test_serper_answer_box_comes_first(fake):
     f = fake("serper")
     f.script = [(200, {"answerBox": {"title": "Veltra", "answer": "Ana Osk"},

@@ -97,6 +97,24 @@ def test_unreachable_retriever_fails_fast_with_the_fix():
         check_retriever(f"http://127.0.0.1:{port}/retrieve", timeout=1.0)
 
 
+def test_retriever_check_sends_the_key_the_rollouts_send(retriever_server, start_retriever, monkeypatch):
+    """A retriever started with --api-key: the pre-start check sends RETRIEVER_API_KEY as the rollouts'
+    RetrieverClient does (it used to send none, so such a retriever failed the check)."""
+    from search_r1.search import RetrieverClient
+
+    monkeypatch.delenv("RETRIEVER_API_KEY", raising=False)
+    server = start_retriever(retriever_server.index_dir, api_key="s3cret")
+    with pytest.raises(StartupError, match=r"refused /retrieve with HTTP 401 \(no key sent\).*Set RETRIEVER_API_KEY"):
+        check_retriever(server.url)
+    monkeypatch.setenv("RETRIEVER_API_KEY", "s3cret")
+    check_retriever(server.url)
+    assert RetrieverClient(server.url, topk=1).batch_search(["alpha"])  # the same key reaches the rollouts
+    check_retriever(server.url, api_key="s3cret")
+    monkeypatch.setenv("RETRIEVER_API_KEY", "wrong")
+    with pytest.raises(StartupError, match=r"HTTP 401 \(the key from RETRIEVER_API_KEY sent\)"):
+        check_retriever(server.url)
+
+
 def test_missing_data_file_at_startup(tmp_path):
     (tmp_path / "train.parquet").write_bytes(b"")
     (tmp_path / "test.parquet").write_bytes(b"")

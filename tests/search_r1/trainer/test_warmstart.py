@@ -66,7 +66,38 @@ def test_bad_settings_fail_naming_the_fix(tokenizer, client, synth_world):
     with pytest.raises(ValueError, match="max_tokens_per_turn"):
         build_demos(tokenizer, client, [synth_world / "train.parquet"], 4, 0, OBS, max_tokens_per_turn=3)
     with pytest.raises(ValueError, match="warmstart.enabled=false"):
-        build_demos(tokenizer, client, [synth_world / "train.parquet"], 4, 0, OBS, TURN, protocol="tool_call")
+        build_demos(tokenizer, client, [synth_world / "train.parquet"], 4, 0, OBS, TURN, protocol="json")
+
+
+@pytest.mark.parametrize("agent_prompt", [False, True])
+def test_tool_call_demos_in_the_form_the_prompt_shows(tokenizer, client, synth_world, tmp_path, agent_prompt):
+    """tool_call demonstrations: a search tool call the protocol parser reads back as the question,
+    a <tool_response> observation (masked) exactly as the rollout writes it, then the answer; the JSON
+    form follows the prompt (the tool-call agent's prompt shows {"action": "web_search", ...})."""
+    import pandas as pd
+
+    from search_r1.agents.prompts import toolcall_messages
+    from search_r1.protocol import parse_action
+
+    train = synth_world / "train.parquet"
+    if agent_prompt:
+        frame = pd.read_parquet(train)
+        frame["prompt"] = [toolcall_messages(q, budget=5, date="2026-11-23") for q in frame["question"]]
+        train = tmp_path / "train_agent.parquet"
+        frame.to_parquet(train)
+    demos = build_demos(tokenizer, client, [train], 4, 0, OBS, 96, protocol="tool_call")
+    assert len(demos) == 4
+    for d in demos:
+        kept = tokenizer.decode([t for t, m in zip(d.input_ids, d.loss_mask) if m], skip_special_tokens=False)
+        obs = tokenizer.decode([t for t, m in zip(d.input_ids[d.prompt_length:], d.loss_mask[d.prompt_length:])
+                                if not m], skip_special_tokens=False)
+        action = parse_action(kept, "tool_call")
+        assert (action.kind, action.content) == ("search", d.question)
+        assert ('"action": "web_search"' in kept) is agent_prompt and ('"name": "search"' in kept) is not agent_prompt
+        assert obs.startswith("\n\n<tool_response>") and obs.endswith("</tool_response>\n\n")
+        assert "<information>" not in d.response_text and kept.endswith("</answer>" + tokenizer.eos_token)
+        assert parse_action(d.response_text[d.response_text.index("</tool_call>"):], "tool_call").content == \
+            d.golden_answers[0]
 
 
 def test_masked_loss_matches_a_hand_computed_reference(demos, tokenizer):

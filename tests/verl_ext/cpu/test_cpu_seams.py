@@ -33,10 +33,38 @@ def test_platform_is_selected_by_verl_platform_in_a_fresh_process():
     assert out.stdout.split() == ["cpu", "cpu", "gloo", "GPU", "HFReplica", "HFServerAdapter"]
 
 
-def test_cpu_platform_is_never_auto_detected():
-    # A GPU host without VERL_PLATFORM must keep verl's own detection.
+def test_cpu_platform_is_detected_only_for_a_torch_without_accelerators(monkeypatch):
+    # A CUDA or ROCm build (a GPU host, or a CPU-only Ray actor on one) keeps verl's own detection.
+    assert torch.version.cuda is None and not torch.cuda.is_available()  # this machine: CPU-only torch
+    assert PlatformCPU().is_platform_available(use_smi_check=True) is True
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    assert PlatformCPU().is_platform_available(use_smi_check=True) is False
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", "6.3")
     assert PlatformCPU().is_platform_available(use_smi_check=True) is False
     assert PlatformCPU().ray_resource_options(2) == {"num_gpus": 2}
+
+
+def test_a_cpu_only_process_resolves_the_cpu_platform_without_warnings():
+    """The embedded CPU trainer's Ray workers and driver, as a fresh process sees it (no VERL_PLATFORM):
+    building a verl Worker and placing a worker group resolve verl's platform. Before, verl fell back
+    to 'nvidia' with two warnings per process, on every run."""
+    code = (
+        "import logging, os\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "os.environ.update(WORLD_SIZE='1', RANK='0', MASTER_ADDR='127.0.0.1', MASTER_PORT='29500')\n"
+        "from verl.single_controller.base import Worker\n"
+        "from verl.utils.device import get_device_name, get_visible_devices_keyword\n"
+        "Worker()\n"
+        "print('RESOLVED', get_device_name(), get_visible_devices_keyword())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_NUM_THREADS": "1"}, cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "RESOLVED cpu CUDA_VISIBLE_DEVICES" in out.stdout
+    assert "No supported accelerator detected" not in out.stderr, out.stderr[-2000:]
+    assert "is registered but not available" not in out.stderr, out.stderr[-2000:]
 
 
 def test_device_module_supplies_what_torch_cpu_lacks():

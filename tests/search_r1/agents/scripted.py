@@ -1,0 +1,67 @@
+"""Scripted chat models for the agent tests, with the exact contract of `search_r1.agents.chat.ChatModel`.
+
+`ScriptedChat({"planner": [...], "summarizer": [...], ...})` plays canned replies per role (the role
+is recognised from the system message the agent sent) and records every call (deep copies of the
+messages, stop strings, max_tokens) in `.calls`. Replies end at the first stop string, included
+(as both real implementations return them), finish "stop"; otherwise finish "end" (the model ended
+its turn). A reply may be a callable `(messages) -> str` (to answer from what the agent sent), or
+`CRASH` (raise, as a server dying mid-run would). completion_tokens counts whitespace words.
+"""
+from __future__ import annotations
+
+import copy
+
+from search_r1.agents import prompts as P
+from search_r1.agents.chat import ChatReply
+
+CRASH = object()
+ROLES = (("toolcall", P.TOOLCALL_SYSTEM.split("{")[0]), ("planner", P.PLANNER_SYSTEM.split("{")[0]),
+         ("summarizer", P.SUMMARIZER_SYSTEM[:60]), ("outline", P.OUTLINE_SYSTEM[:60]),
+         ("writer", P.WRITER_SYSTEM[:60]), ("answer", P.ANSWER_SYSTEM[:60]))
+
+
+class ScriptCrash(RuntimeError):
+    """What a CRASH step raises."""
+
+
+def role_of(messages: list[dict]) -> str:
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+    for role, prefix in ROLES:
+        if system.startswith(prefix):
+            return role
+    raise AssertionError(f"no role recognised for system prompt {system[:80]!r}")
+
+
+class ScriptedChat:
+    name = "scripted"
+
+    def __init__(self, scripts: dict[str, list], fallback: str | None = None):
+        self.scripts = {role: list(replies) for role, replies in scripts.items()}
+        self.fallback = fallback
+        self.calls: list[dict] = []
+
+    def of(self, role: str) -> list[dict]:
+        return [c for c in self.calls if c["role"] == role]
+
+    def chat(self, messages, *, stop=(), max_tokens=512, temperature=0.0, seed=None) -> ChatReply:
+        role = role_of(messages)
+        self.calls.append({"role": role, "messages": copy.deepcopy(messages), "stop": tuple(stop),
+                           "max_tokens": max_tokens})
+        queue = self.scripts.get(role, [])
+        if queue:
+            reply = queue.pop(0)
+        elif self.fallback is not None:
+            reply = self.fallback
+        else:
+            raise AssertionError(f"the script for role {role!r} ran out (call {len(self.calls)})")
+        if reply is CRASH:
+            raise ScriptCrash(f"scripted crash in the {role} role")
+        text = reply(messages) if callable(reply) else reply
+        cuts = [(text.find(s), s) for s in stop if s in text]
+        if cuts:
+            at, hit = min(cuts)
+            text = text[: at + len(hit)]
+        words = text.split()
+        if len(words) > max_tokens:
+            return ChatReply(" ".join(words[:max_tokens]), "length", "", 0, max_tokens)
+        return ChatReply(text, "stop" if cuts else "end", min(cuts)[1] if cuts else "", 0, len(words))
