@@ -79,3 +79,18 @@ class CPUWeightSyncExtension(vLLMColocateWorkerExtension):
         if restored:
             logger.info("CPU weight sync: %d packed linear weights re-created for loading", restored)
         return super().update_weights_from_ipc(*args, **kwargs)
+
+    def load_weights_from_safetensors(self, path: str) -> int:
+        """Load every tensor of a safetensors file (HF parameter names) into the served model; returns
+        how many. The embedded trainer's vLLM rollout calls this through `vllm serve`'s /collective_rpc
+        (search_r1.rollout.vllm_server.VLLMServer.load_weights) after every update."""
+        from safetensors.torch import load_file
+        from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+        weights = load_file(path)
+        model = self.model_runner.model
+        restore_packed_weights(model)
+        model.load_weights(weights.items())
+        # re-pack the new weights for the CPU GEMMs, as after the start-up load
+        process_weights_after_loading(model, self.model_runner.vllm_config.model_config, self.device)
+        return len(weights)

