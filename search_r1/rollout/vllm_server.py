@@ -38,7 +38,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def has_vllm(python: str) -> bool:
     """True when `python` can import vllm (without importing it here: it is slow and may be absent)."""
-    if Path(python).resolve() == Path(sys.executable).resolve():
+    # Compared unresolved: every venv's python is a symlink to the same base interpreter.
+    if os.path.abspath(python) == os.path.abspath(sys.executable):
         import importlib.util
 
         return importlib.util.find_spec("vllm") is not None
