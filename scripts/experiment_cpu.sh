@@ -7,7 +7,7 @@
 #   EXP_SEEDS=0 EXP_STEPS=1 EXP_DEV_VAL=8 EXP_TEST_LIMIT=8 bash scripts/experiment_cpu.sh \
 #       model.name=tiny-random-qwen3 warmstart.steps=1 warmstart.n_examples=4   # a smoke run (minutes)
 #
-# On the synthetic world (configs/grpo_cpu.yaml: SmolLM2-135M-Instruct, rollout.max_turns=2 searches,
+# On the synthetic world (configs/grpo_cpu.yaml plus EXP_RECIPE: SmolLM2-135M-Instruct, rollout.max_turns=2,
 # the world's single- and two-hop questions; 435 held-out test questions on the default world: 243
 # single-hop synth_nq, 192 two-hop synth_hotpotqa whose answer needs a second search about an entity
 # the first one finds):
@@ -26,12 +26,12 @@
 #      format validity, searches per question, two-hop questions answered after two searches, per-question
 #      changes by number of searches, verdicts) in $EXP_OUT/comparison.md, the dev table of every run in
 #      $EXP_OUT/dev.md, and the figure $EXP_OUT/comparison.png (scripts/plot_experiment.py).
-# The recipe (lr, steps, group size, turns, warm-start demonstrations) was chosen on the dev split with
-# scripts/select_recipe_cpu.sh; the test split is evaluated once per final run.
+# The recipe (lr, steps, group size, turns, warm-start demonstrations) is to be chosen on the dev split
+# (scripts/select_recipe_cpu.sh runs candidates on dev only); the test split is evaluated once per final run.
 #
 # Resources: 2 CPU cores, < 8 GB RAM, no GPU, no network. Budget: at most 120 minutes with the world,
 # index and warm-starts cached (README "Does it learn?" has the measured time and what each knob saves).
-# Environment knobs: EXP_OUT (outputs/experiment_cpu), EXP_SEEDS ("0 1 2"), EXP_DTYPES ("auto"),
+# Environment knobs: EXP_RECIPE (the overrides above), EXP_OUT (outputs/experiment_cpu), EXP_SEEDS ("0 1 2"), EXP_DTYPES ("auto"),
 # EXP_STEPS (trainer.total_steps of the config), EXP_DEMO_STEPS (the demo's step count: a dev validation
 # at that step shows where `make demo` ends), EXP_DEV_PER_SOURCE (100), EXP_DEV_VAL (dev questions per
 # validation, 0 = all), EXP_TEST (1), EXP_TEST_LIMIT (0 = all test questions), EXP_EVAL_BATCH (32),
@@ -44,6 +44,12 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 export PYTHON HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
+# The multi-turn recipe on top of configs/grpo_cpu.yaml (the demo's single-hop config): two search
+# rounds, a longer response, warm-start demonstrations half two-hop (search the bridge entity, then its
+# attribute), groups of 8 and upstream-like small steps. A candidate: README "Does it learn?" says what
+# has been measured of it. EXP_RECIPE replaces it; the command line's overrides come after it and win.
+read -r -a RECIPE <<<"${EXP_RECIPE:-rollout.max_turns=2 rollout.max_response_length=400 warmstart.two_hop_share=0.5 rollout.n=8 optim.lr=3e-6}"
+set -- "${RECIPE[@]}" "$@"
 OUT="${EXP_OUT:-outputs/experiment_cpu}"
 SEEDS="${EXP_SEEDS:-0 1 2}"
 DTYPES="${EXP_DTYPES:-auto}"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Choose the learning experiment's recipe on the dev split (never the test split): one GRPO run per
-# candidate (Hydra overrides of configs/grpo_cpu.yaml), validated greedily on the dev questions carved
+# candidate (Hydra overrides on top of the experiment's EXP_RECIPE), validated greedily on the dev questions carved
 # from the training questions, then one table.
 #
 #   bash scripts/select_recipe_cpu.sh                                   # the candidates below
 #   SELECT_CANDIDATES="lr1e-5=optim.lr=1e-5 n8=rollout.n=8,trainer.batch_size=2" bash scripts/select_recipe_cpu.sh
 #
-# Each candidate is NAME=OVERRIDE[,OVERRIDE...]; "base=" is the config as shipped. Every run goes through
+# Each candidate is NAME=OVERRIDE[,OVERRIDE...]; "base=" is EXP_RECIPE unchanged. Every run goes through
 # scripts/experiment_cpu.sh with EXP_TEST=0 (dev only), so it is the same code path the experiment
 # takes; SELECT_SEEDS (default "0") and SELECT_OUT (outputs/select_recipe) are passed on, and any
 # EXP_* knob applies (EXP_STEPS, EXP_DEV_VAL, ...). Output: $SELECT_OUT/selection.md. The README's
@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 OUT="${SELECT_OUT:-outputs/select_recipe}"
-CANDIDATES="${SELECT_CANDIDATES:-base= lr1e-5=optim.lr=1e-5 kl0.01=algorithm.kl_coef=0.01}"
+CANDIDATES="${SELECT_CANDIDATES:-base= lr1e-6=optim.lr=1e-6 lr1e-5=optim.lr=1e-5}"
 mkdir -p "$OUT"
 for candidate in $CANDIDATES; do
   name="${candidate%%=*}"

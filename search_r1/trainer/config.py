@@ -38,6 +38,9 @@ WARMSTART_FORMATS = ("search", "no_search", "rag")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 
+ROLLOUT_BACKENDS = ("hf", "vllm")
+
+
 def _fail(key: str, value: Any, allowed: str, fix: str) -> ValueError:
     return ValueError(f"config {key}={value!r} is invalid: allowed {allowed}. Fix: {fix}")
 
@@ -154,9 +157,16 @@ class RolloutConfig:
     # Generation cap per round in tokens (40: a warm-start demonstration turn, think + question as
     # the query, takes up to ~40 SmolLM2 tokens; at 32 half of them did not fit).
     max_tokens_per_turn: int = 40
+    # Sampler: hf (the workers' HFGenerator on the policy itself) | vllm (`vllm serve` from the vLLM
+    # environment, weights re-synced after every update; search_r1/trainer/vllm_rollout.py).
+    backend: str = "hf"
+    # Python that runs vLLM when backend=vllm; auto = this one if it has vLLM, else
+    # $SEARCH_R1_VLLM_PYTHON, else .venv-vllm/bin/python (make install-vllm).
+    vllm_python: str = "auto"
 
     def __post_init__(self):
         _check_range("rollout.n", self.n, 1)
+        _check_choice("rollout.backend", self.backend, ROLLOUT_BACKENDS)
         _check_range("rollout.temperature", self.temperature, 0, lo_open=True)
         if self.top_p != 1.0:
             raise _fail("rollout.top_p", self.top_p, "1.0",

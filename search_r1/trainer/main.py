@@ -139,6 +139,10 @@ def check_paths(cfg: TrainConfig) -> None:
         raise ValueError(f"config trainer.resume={resume!r} is invalid: allowed 'auto', 'none' or an existing "
                          f"checkpoint directory. Fix: point trainer.resume at a checkpoint (e.g. "
                          f"OUTPUT/checkpoints/global_step_10) or use auto")
+    if cfg.rollout.backend == "vllm":  # before anything slow: vLLM lives in its own environment
+        from search_r1.rollout.vllm_server import find_vllm_python
+
+        find_vllm_python(cfg.rollout.vllm_python)
 
 
 def check_cores(cfg: TrainConfig) -> None:
@@ -169,8 +173,10 @@ def worker_spec(cfg: TrainConfig, model_path: str | None = None):
     from search_r1.trainer.workers import WorkerSpec
 
     a, o, t, m = cfg.algorithm, cfg.optim, cfg.trainer, resolve_dtypes(cfg).model
+    # With a vLLM sampler the workers keep no bf16 sampling copy (the server holds the rollout weights).
+    rollout_dtype = "float32" if cfg.rollout.backend == "vllm" else m.rollout_dtype
     return WorkerSpec(
-        model_name=model_path or cfg.model.name, compute_dtype=m.compute_dtype, rollout_dtype=m.rollout_dtype,
+        model_name=model_path or cfg.model.name, compute_dtype=m.compute_dtype, rollout_dtype=rollout_dtype,
         threads=t.threads_per_worker,
         seed=t.seed, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
         grad_clip=o.grad_clip, clip_ratio=a.clip_ratio, kl_coef=a.kl_coef, kl_type=a.kl_type,
@@ -272,8 +278,20 @@ def run(cfg: TrainConfig, search_engine=None) -> dict:
         logger = MetricsLogger(out, loggers=list(cfg.trainer.loggers), project=cfg.trainer.project,
                                experiment_name=cfg.trainer.experiment_name, config=cfg.to_dict())
         stack.callback(logger.close)
+        rollout = None
+        if cfg.rollout.backend == "vllm":
+            from search_r1.models import resolve_model_path
+            from search_r1.trainer.vllm_rollout import VLLMRollout
+
+            r = cfg.rollout
+            rollout = VLLMRollout(str(model_path or resolve_model_path(cfg.model.name)), out,
+                                  dtype=cfg.model.rollout_dtype, seed=cfg.trainer.seed,
+                                  max_model_len=r.max_prompt_length + r.max_tokens_per_turn,
+                                  python=r.vllm_python, tokenizer=tokenizer)
+            stack.callback(rollout.stop)
+            rollout.start()
         trainer = RayGRPOTrainer(cfg, tokenizer, group, search_engine, loader, val_ds, logger,
-                                 checkpoint_root=out / "checkpoints")
+                                 checkpoint_root=out / "checkpoints", rollout=rollout)
         summary = trainer.fit()
     metrics_path = out / "metrics.jsonl"
     plot_path = out / "training_curves.png"
