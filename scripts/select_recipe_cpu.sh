@@ -5,6 +5,7 @@
 #
 #   bash scripts/select_recipe_cpu.sh                                   # the candidates below
 #   SELECT_CANDIDATES="lr1e-5=optim.lr=1e-5 n8=rollout.n=8,trainer.batch_size=2" bash scripts/select_recipe_cpu.sh
+#   bash scripts/select_recipe_cpu.sh rollout.backend=vllm        # arguments: overrides for every candidate
 #
 # Each candidate is NAME=OVERRIDE[,OVERRIDE...]; "base=" is EXP_RECIPE unchanged. Every run goes through
 # scripts/experiment_cpu.sh with EXP_TEST=0 (dev only), so it is the same code path the experiment
@@ -22,7 +23,7 @@ for candidate in $CANDIDATES; do
   name="${candidate%%=*}"
   IFS=',' read -r -a overrides <<<"${candidate#*=}"
   echo "[select] candidate $name: ${overrides[*]:-(the shipped config)}"
-  EXP_TEST=0 EXP_SEEDS="${SELECT_SEEDS:-0}" EXP_OUT="$OUT/$name" bash scripts/experiment_cpu.sh "${overrides[@]}"
+  EXP_TEST=0 EXP_SEEDS="${SELECT_SEEDS:-0}" EXP_OUT="$OUT/$name" bash scripts/experiment_cpu.sh "${overrides[@]}" "$@"
 done
 {
   echo "# Recipe selection on the dev split"

@@ -231,7 +231,7 @@ class AlgorithmConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     # AdamW peak learning rate.
-    lr: float = 1.0e-5
+    lr: float = 3.0e-6
     # Linear warmup from 0 to lr over this many optimizer steps, then constant.
     warmup_steps: int = 2
     # AdamW betas.
