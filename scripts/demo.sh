@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The main job, end to end on CPU (run by `make demo`):
-#   1. generate the synthetic QA world and its BM25 index (first run only, ~1 minute),
+#   1. generate the synthetic QA world and its BM25 index (first run only, ~1 minute), and carve a
+#      dev split of 100 single-hop questions from its training questions (search_r1.data.splits),
 #   2. a short supervised format warm-start (search_r1/trainer/warmstart.py, ~1 min, cached under
 #      $SEARCH_R1_HOME/warmstart: the 135M model never writes the tags by itself, so GRPO would see a
-#      constant reward), then train it with GRPO for 20 steps (configs/grpo_cpu.yaml on the world's
-#      single-hop questions, lr 3e-5), searching through
-#      the real retriever server, which the trainer starts on a free loopback port and stops after,
+#      constant reward), then GRPO for 20 steps (configs/grpo_cpu.yaml: 2 prompts x 4 samples, one
+#      search round, lr 3e-6) on the remaining single-hop training questions, searching through the
+#      real retriever server, which the trainer starts on a free loopback port and stops after,
 #   3. print where the metrics, plot and checkpoint are, the reward curve and the greedy validation
-#      (EM, F1, format, searches) on 64 single-hop test questions before/after training.
-# Resources: 2 CPU cores, < 8 GB RAM, about 15-20 minutes. Extra arguments are Hydra overrides
-# (e.g. `bash scripts/demo.sh trainer.total_steps=5`). The run directory is outputs/demo, replaced by
-# every demo run (use scripts/train_grpo.sh for runs that resume).
+#      (EM, F1, format, searches) on the first 64 dev questions before and after training.
+# Resources: 2 CPU cores, < 8 GB RAM, about 15-20 minutes (README "Quick start" has the measured time
+# and CPU kind). Extra arguments are Hydra overrides (e.g. `bash scripts/demo.sh trainer.total_steps=5`).
+# The run directory is outputs/demo, replaced by every demo run (scripts/train_grpo.sh resumes runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,28 +30,16 @@ if [[ -d outputs/demo ]]; then
   echo "[demo] removing the previous demo run outputs/demo (a fresh run each time)"
   rm -rf outputs/demo
 fi
-# Single-hop questions only, for training and validation: two-hop questions need two searches and
-# the demo allows one (rollout.max_turns=1), so they stay at EM ~0 (measured: 0.005 on the 192
-# two-hop test questions with the warm-started model) and only dilute the signal. Training: the
-# recipe of scripts/experiment_cpu.sh (single-hop questions, lr 3e-5), which raised held-out
-# single-hop EM from 0.576 to 0.64-0.66 there, at the demo's 2 prompts x 4 samples per step.
-# Validation: 64 single-hop test questions (greedy, before and after training, two batches of 32);
-# one question moves EM by 0.016 (binomial standard error ~0.06 at EM 0.58).
-TRAIN_FILE=outputs/demo_data/train_single_hop.parquet
-VAL_FILE=outputs/demo_data/test_single_hop.parquet
-"$PYTHON" - "$SYNTH_DIR" "$TRAIN_FILE" "$VAL_FILE" <<'PY'
-import pathlib, sys
-
-import pandas as pd
-
-world, train, test = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
-train.parent.mkdir(parents=True, exist_ok=True)
-for split, out in (("train", train), ("test", test)):
-    frame = pd.read_parquet(world / f"{split}.parquet")
-    frame[frame["data_source"] == "synth_nq"].to_parquet(out, index=False)
-PY
-DEMO=("data.train_files=['$TRAIN_FILE']" optim.lr=3e-5
-      "data.test_files=['$VAL_FILE']" data.val_size=64 trainer.val_batch_size=32 trainer.test_freq=0)
+# Single-hop questions only: two-hop questions need two searches and the demo allows one
+# (rollout.max_turns=1), so they stay at EM ~0 and only dilute the signal (scripts/experiment_cpu.sh
+# is the multi-turn experiment). Validation: the first 64 dev questions, greedy, before and after
+# training; one question moves EM by 0.016 (binomial standard error ~0.06 at EM 0.58). The test
+# split is left to the experiment. lr 3e-6 (configs/grpo_cpu.yaml): at 3e-5 a float32 run of this
+# recipe collapsed and at 1e-5 it lost 7 of 64 questions (README "Does it learn?").
+"$PYTHON" -m search_r1.data.splits --train "$SYNTH_DIR/train.parquet" --out outputs/demo_data --per-source 100 \
+  --sources synth_nq
+DEMO=("data.train_files=['outputs/demo_data/train.parquet']" "data.test_files=['outputs/demo_data/dev.parquet']"
+      data.val_size=64 trainer.val_batch_size=32 trainer.test_freq=0)
 echo "[demo] GRPO on CPU: configs/grpo_cpu.yaml, output in outputs/demo"
 start=$SECONDS
 SEARCH_R1_FORCE_CPU=1 bash scripts/train_grpo.sh trainer.experiment_name=demo trainer.resume=none "${DEMO[@]}" "$@"
@@ -60,8 +49,11 @@ import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if '"val/n"' in line]
 if len(rows) >= 2:
     first, last = rows[0], rows[-1]
-    print(f"[demo] validation on {int(first['val/n'])} single-hop test questions, step {first['step']} -> {last['step']}:")
-    for key in ("em", "f1", "format_valid", "searches"):
-        print(f"[demo]   {key:<13} {first.get('val/' + key, float('nan')):.3f} -> {last.get('val/' + key, float('nan')):.3f}")
+    print(f"[demo] greedy validation on {int(first['val/n'])} dev questions, step {first['step']} -> {last['step']}:")
+    for key, label in (("em", "EM"), ("synth_nq/em", "EM single-hop"), ("synth_hotpotqa/em", "EM two-hop"),
+                       ("f1", "F1"), ("format_valid", "format valid"), ("searches", "searches"),
+                       ("synth_hotpotqa/searches", "searches two-hop")):
+        if 'val/' + key in first or 'val/' + key in last:  # two-hop rows only when the data has them
+            print(f"[demo]   {label:<17} {first.get('val/' + key, float('nan')):.3f} -> {last.get('val/' + key, float('nan')):.3f}")
 PY
 echo "[demo] finished in $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s"

@@ -1,35 +1,41 @@
 #!/usr/bin/env bash
-# Does GRPO help? The learning experiment on CPU, one command:
+# Does GRPO teach multi-turn search? The learning experiment on CPU, one command:
 #
-#   bash scripts/experiment_cpu.sh                       # the full run (SmolLM2-135M, 2 training seeds)
-#   bash scripts/experiment_cpu.sh optim.lr=2e-5 rollout.n=8     # extra Hydra overrides of configs/grpo_cpu.yaml
-#   EXP_SEEDS=0 EXP_EVAL_LIMIT=8 bash scripts/experiment_cpu.sh model.name=tiny-random-qwen3 \
-#       trainer.total_steps=1 warmstart.steps=1 warmstart.n_examples=4      # a smoke run (minutes)
+#   bash scripts/experiment_cpu.sh                        # the full run: 3 GRPO seeds, 4 arms on the test split
+#   bash scripts/experiment_cpu.sh optim.lr=2e-5          # extra Hydra overrides of configs/grpo_cpu.yaml
+#   EXP_DTYPES="float32 bfloat16" EXP_TEST=0 bash scripts/experiment_cpu.sh     # robustness: both dtypes, dev only
+#   EXP_SEEDS=0 EXP_STEPS=1 EXP_DEV_VAL=8 EXP_TEST_LIMIT=8 bash scripts/experiment_cpu.sh \
+#       model.name=tiny-random-qwen3 warmstart.steps=1 warmstart.n_examples=4   # a smoke run (minutes)
 #
-# What it does, on the synthetic world (configs/grpo_cpu.yaml's data; 435 held-out test questions
-# on the default world: 243 single-hop synth_nq, 192 two-hop synth_hotpotqa):
-#   1. generate the world and its BM25 index if needed; serve the index for the whole experiment;
-#   2. the supervised format warm-start (the trainer's own, cached; the same model GRPO starts from);
-#   3. GRPO from the warm-started model on the world's 2,301 single-hop training questions (4 prompts
-#      x 4 samples per step, lr 3e-5, otherwise configs/grpo_cpu.yaml), once per seed in EXP_SEEDS
-#      (outputs: metrics.jsonl, training_curves.png and the final checkpoint in $EXP_OUT/grpo_seedS/);
-#   4. greedy evaluation (python -m search_r1.eval) of the test questions, per data_source, with the
-#      rollout limits of the training config: the warm-started model with --no-search, with --rag,
-#      with search (before GRPO), and every GRPO run with search (after GRPO);
-#   5. the comparison table (EM and F1 per source) and the spread of the after-GRPO runs, written
-#      to $EXP_OUT/comparison.md, and a figure, $EXP_OUT/comparison.png (scripts/plot_experiment.py).
-# Target (issue 10): after-GRPO EM beats before-GRPO and both baselines on single-hop questions by
-# more than the run-to-run spread of the after-GRPO runs. Step 5 prints whether it was met.
+# On the synthetic world (configs/grpo_cpu.yaml plus EXP_RECIPE: SmolLM2-135M-Instruct, rollout.max_turns=2,
+# the world's single- and two-hop questions; 435 held-out test questions on the default world: 243
+# single-hop synth_nq, 192 two-hop synth_hotpotqa whose answer needs a second search about an entity
+# the first one finds):
+#   1. the world, its BM25 index and a retriever for the whole experiment; a dev split carved from the
+#      training questions (EXP_DEV_PER_SOURCE per data_source; search_r1.data.splits), never trained on;
+#   2. three format warm-starts of the same size and recipe (configs/grpo_cpu.yaml's warmstart group,
+#      half of the demonstrations two-hop): `search` (search once or twice, then answer: the model GRPO
+#      starts from), `no_search` and `rag` (answer directly, or from passages retrieved with the
+#      question: the paper's baselines, each taught its own format);
+#   3. GRPO from the `search` warm-start, once per seed in EXP_SEEDS and dtype in EXP_DTYPES, on the
+#      training questions minus dev; the trainer validates greedily on EXP_DEV_VAL dev questions before
+#      training (first seed of each dtype), every EXP_DEMO_STEPS steps and after the last step;
+#   4. (EXP_TEST=1) greedy evaluation of the test split, once per final model (python -m search_r1.eval):
+#      no-search, RAG, warm-start alone (search, before GRPO) and every GRPO run (after GRPO);
+#   5. the comparison (search_r1.evaluation.compare: EM per arm and source with the spread over seeds,
+#      format validity, searches per question, two-hop questions answered after two searches, per-question
+#      changes by number of searches, verdicts) in $EXP_OUT/comparison.md, the dev table of every run in
+#      $EXP_OUT/dev.md, and the figure $EXP_OUT/comparison.png (scripts/plot_experiment.py).
+# The recipe (lr, steps, group size, turns, warm-start demonstrations) is to be chosen on the dev split
+# (scripts/select_recipe_cpu.sh runs candidates on dev only); the test split is evaluated once per final run.
 #
-# Resources: 2 CPU cores, < 8 GB RAM, no GPU, no network. Budget: at most 90 minutes. Measured on
-# 2026-11-23 (2-core AMD EPYC, nothing else running), with the world, index and warm-start already
-# cached (about 2 minutes more on a first run): 88 min 10 s in all; GRPO 55 s/step x 20 steps x 2
-# seeds = 39 min; evaluation 49 min (no-search 3 min, RAG 6.5 min, before GRPO 10 min, each after-GRPO
-# run 13.5-14.5 min: 1.6-2.3 s per question against 1.4 s before GRPO, with responses of the same
-# length; not explained yet). EXP_EVAL_LIMIT=300 or EXP_STEPS=15 shorten it.
-# Environment knobs: EXP_OUT (default outputs/experiment_cpu), EXP_SEEDS ("0 1"), EXP_STEPS (20),
-# EXP_EVAL_LIMIT (0 = all test questions), EXP_EVAL_BATCH (32), EXP_EVAL_DTYPE (float32: bf16 measured slower for SmolLM2 generation on this CPU),
-# EXP_THREADS (2, torch threads of the evaluation), PYTHON.
+# Resources: 2 CPU cores, < 8 GB RAM, no GPU, no network. Budget: at most 120 minutes with the world,
+# index and warm-starts cached (README "Does it learn?" has the measured time and what each knob saves).
+# Environment knobs: EXP_RECIPE (the overrides above), EXP_OUT (outputs/experiment_cpu), EXP_SEEDS ("0 1 2"), EXP_DTYPES ("auto"),
+# EXP_STEPS (trainer.total_steps of the config), EXP_DEMO_STEPS (the demo's step count: a dev validation
+# at that step shows where `make demo` ends), EXP_DEV_PER_SOURCE (100), EXP_DEV_VAL (dev questions per
+# validation, 0 = all), EXP_TEST (1), EXP_TEST_LIMIT (0 = all test questions), EXP_EVAL_BATCH (32),
+# EXP_THREADS (2), PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,38 +44,28 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 export PYTHON HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
+# The multi-turn recipe on top of configs/grpo_cpu.yaml (the demo's single-hop config): two search
+# rounds, a longer response, warm-start demonstrations half two-hop (search the bridge entity, then its
+# attribute), groups of 8 and upstream-like small steps. A candidate: README "Does it learn?" says what
+# has been measured of it. EXP_RECIPE replaces it; the command line's overrides come after it and win.
+read -r -a RECIPE <<<"${EXP_RECIPE:-rollout.max_turns=2 rollout.max_response_length=400 warmstart.two_hop_share=0.5 rollout.n=8 optim.lr=3e-6}"
+set -- "${RECIPE[@]}" "$@"
 OUT="${EXP_OUT:-outputs/experiment_cpu}"
-SEEDS="${EXP_SEEDS:-0 1}"
-STEPS="${EXP_STEPS:-20}"
-EVAL_LIMIT="${EXP_EVAL_LIMIT:-0}"
+SEEDS="${EXP_SEEDS:-0 1 2}"
+DTYPES="${EXP_DTYPES:-auto}"
+DEMO_STEPS="${EXP_DEMO_STEPS:-10}"
+DEV_PER_SOURCE="${EXP_DEV_PER_SOURCE:-100}"
+DEV_VAL="${EXP_DEV_VAL:-0}"
+TEST="${EXP_TEST:-1}"
+TEST_LIMIT="${EXP_TEST_LIMIT:-0}"
 EVAL_BATCH="${EXP_EVAL_BATCH:-32}"
-EVAL_DTYPE="${EXP_EVAL_DTYPE:-float32}"
 THREADS="${EXP_THREADS:-2}"
-mkdir -p "$OUT/eval" "$OUT/data"
-# GRPO trains on the world's single-hop training questions: with rollout.max_turns=1 a two-hop
-# question cannot be answered, so its samples carry format reward only and dilute the answer signal.
-# The default world (seed 0, as in configs/grpo_cpu.yaml) is generated here when missing or stale.
-SYNTH_DIR="$("$PYTHON" -c 'from search_r1.paths import default_synth_dir; print(default_synth_dir())')"
-"$PYTHON" -m search_r1.data.synth --out "$SYNTH_DIR" --seed 0 --if-stale
-TRAIN_FILE="$OUT/data/train_single_hop.parquet"
-"$PYTHON" - "$SYNTH_DIR/train.parquet" "$TRAIN_FILE" <<'PY'
-import sys
-
-import pandas as pd
-
-frame = pd.read_parquet(sys.argv[1])
-frame[frame["data_source"] == "synth_nq"].to_parquet(sys.argv[2], index=False)
-PY
-# This experiment's GRPO settings (tried: see README "Does it learn?"); the command line's overrides
-# come after them and win.
-OVERRIDES=(trainer.total_steps="$STEPS" "data.train_files=['$TRAIN_FILE']" trainer.batch_size=4
-           trainer.mini_batch_size=4 optim.lr=3e-5 trainer.val_before_train=false trainer.test_freq=0
-           data.val_size=8 trainer.save_freq=0 trainer.keep_last=1 "$@")
+mkdir -p "$OUT/eval/test" "$OUT/data"
 start_all=$SECONDS
 phase() { echo; echo "[experiment] $* ($(( (SECONDS - start_all) / 60 )) min $(( (SECONDS - start_all) % 60 )) s)"; }
 
-# The trainer's own config, data and warm-start code, so the evaluated models and limits are the
-# ones GRPO trains with. `setup` prints KEY=VALUE lines; `warmstart URL` prints the model directory.
+# The trainer's own config, data and warm-start code, so the evaluated models and limits are the ones
+# GRPO trains with. `setup` prints KEY=VALUE lines; `warmstart URL` prints the model directory.
 helper() {
   "$PYTHON" - "$@" <<'PY'
 import sys
@@ -79,7 +75,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from search_r1.trainer.config import TrainConfig
-from search_r1.trainer.main import prepare_data, warm_start
+from search_r1.trainer.main import prepare_data, resolve_dtypes, warm_start
 
 mode, rest = sys.argv[1], sys.argv[2:]
 url = rest.pop(0) if mode == "warmstart" else None
@@ -101,10 +97,10 @@ if mode == "setup":
     if r.max_tokens_per_turn:
         flags.append(f"--max-tokens-per-turn={r.max_tokens_per_turn}")
     print(f"INDEX={index}")
+    print("TRAIN_FILE=" + str(data.train_files[0]))
     print("TEST_FILES=" + " ".join(str(f) for f in data.test_files))
     print("EVAL_FLAGS=" + " ".join(flags))
-    print(f"WARMSTART={'1' if cfg.warmstart.enabled else '0'}")
-    print(f"MODEL={cfg.model.name}")
+    print(f"STEPS={cfg.trainer.total_steps}")
 else:
     # In this process (it exits right after, which returns the SFT's memory): warm_start's spawned
     # child cannot start from a script read on stdin.
@@ -112,14 +108,18 @@ else:
 
     r = cfg.retriever
     client = RetrieverClient(url, topk=r.topk, timeout=r.timeout, retries=r.retries)
-    path = warm_start(cfg, data, client)
+    path = warm_start(resolve_dtypes(cfg), data, client)
     print(path or cfg.model.name)
 PY
 }
 
-phase "1/5 world, index and retriever"
+phase "1/5 world, index, retriever and the dev split"
 declare -A SETUP
-while IFS='=' read -r key value; do SETUP[$key]="$value"; done < <(helper setup "${OVERRIDES[@]}")
+while IFS='=' read -r key value; do SETUP[$key]="$value"; done < <(helper setup "$@")
+STEPS="${EXP_STEPS:-${SETUP[STEPS]}}"
+"$PYTHON" -m search_r1.data.splits --train "${SETUP[TRAIN_FILE]}" --out "$OUT/data" --per-source "$DEV_PER_SOURCE"
+TRAIN="$OUT/data/train.parquet"
+DEV="$OUT/data/dev.parquet"
 PORT="$("$PYTHON" -c 'from search_r1.net import free_port; print(free_port())')"
 "$PYTHON" -m retriever_server serve --index "${SETUP[INDEX]}" --port "$PORT" --torch-threads 1 --faiss-threads 1 \
   >"$OUT/retriever.log" 2>&1 &
@@ -139,79 +139,95 @@ for _ in range(240):
 sys.exit(f"[experiment] the retriever at {sys.argv[1]} did not become healthy; see its log")
 PY
 echo "[experiment] retriever serving ${SETUP[INDEX]} at $URL (log: $OUT/retriever.log)"
+# Every run of this experiment trains on train-minus-dev and validates on dev; the command line's
+# overrides come last and win.
+COMMON=("data.train_files=['$TRAIN']" "data.test_files=['$DEV']" data.val_size="$DEV_VAL" retriever.url="$URL")
 
-phase "2/5 format warm-start"
-INIT_MODEL="$(helper warmstart "$URL" "${OVERRIDES[@]}" | tail -n 1)"
-echo "[experiment] model before GRPO: $INIT_MODEL"
-
-phase "3/5 GRPO (seeds: $SEEDS)"
-for seed in $SEEDS; do
-  run="$OUT/grpo_seed$seed"
-  SEARCH_R1_FORCE_CPU=1 bash scripts/train_grpo.sh trainer.experiment_name="exp_cpu_seed$seed" \
-    trainer.output_dir="$run" trainer.seed="$seed" trainer.resume=none retriever.url="$URL" "${OVERRIDES[@]}"
+phase "2/5 format warm-starts (search, no_search, rag; dtypes: $DTYPES)"
+declare -A WS
+for dtype in $DTYPES; do
+  for fmt in search no_search rag; do
+    if [[ "$fmt" != search && ( "$TEST" != 1 || "$dtype" != "${DTYPES%% *}" ) ]]; then continue; fi
+    WS[$fmt/$dtype]="$(helper warmstart "$URL" "${COMMON[@]}" warmstart.format="$fmt" model.compute_dtype="$dtype" \
+                       model.rollout_dtype="$dtype" "$@" | tail -n 1)"
+    echo "[experiment] warm-start $fmt ($dtype): ${WS[$fmt/$dtype]}"
+  done
 done
 
-phase "4/5 evaluation"
+phase "3/5 GRPO (seeds: $SEEDS; dtypes: $DTYPES; $STEPS steps)"
+RUN_DIRS=()
+for dtype in $DTYPES; do
+  first=1
+  for seed in $SEEDS; do
+    run="$OUT/grpo_${dtype}_seed$seed"
+    # Validation before training is the same greedy pass for every seed: the first seed of a dtype runs it.
+    SEARCH_R1_FORCE_CPU=1 bash scripts/train_grpo.sh trainer.experiment_name="exp_cpu_${dtype}_seed$seed" \
+      trainer.output_dir="$run" trainer.seed="$seed" trainer.resume=none trainer.total_steps="$STEPS" \
+      trainer.val_before_train=$([[ $first == 1 ]] && echo true || echo false) trainer.test_freq="$DEMO_STEPS" \
+      trainer.save_freq=0 trainer.keep_last=1 model.compute_dtype="$dtype" model.rollout_dtype="$dtype" \
+      "${COMMON[@]}" "$@"
+    RUN_DIRS+=("$run")
+    first=0
+  done
+done
+"$PYTHON" - "$DEMO_STEPS" "${RUN_DIRS[@]}" <<'PY' | tee "$OUT/dev.md"
+import json, sys
+from pathlib import Path
+
+demo_step, runs = int(sys.argv[1]), [Path(p) for p in sys.argv[2:]]
+print("### Dev EM (greedy validation by the trainer), per run\n")
+print(f"| run | dtype | before | at step {demo_step} (`make demo`) | after | two-hop before -> after | no lower than before |")
+print("|---|---|---|---|---|---|---|")
+before = {}
+for run in runs:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"val/em"' in line]
+    dtype = json.loads((run / "config.json").read_text())["model"]["compute_dtype"]
+    by_step = {r["step"]: r for r in rows}
+    if 0 in by_step:
+        before[dtype] = by_step[0]
+    b, last = before.get(dtype), rows[-1]
+    mid = by_step.get(demo_step)
+    two = "synth_hotpotqa"
+    ok = "yes" if b is not None and last["val/em"] >= b["val/em"] and (mid is None or mid["val/em"] >= b["val/em"]) else "NO"
+    print(f"| {run.name} | {dtype} | {b['val/em']:.3f} | {mid['val/em'] if mid else float('nan'):.3f} | {last['val/em']:.3f} | "
+          f"{b.get(f'val/{two}/em', float('nan')):.3f} -> {last.get(f'val/{two}/em', float('nan')):.3f} | {ok} |")
+PY
+if [[ "$TEST" != 1 ]]; then phase "done (EXP_TEST=0: no test evaluation): $OUT/dev.md"; exit 0; fi
+
+phase "4/5 test evaluation (each final model once)"
 read -r -a TEST_FILES <<<"${SETUP[TEST_FILES]}"
 read -r -a EVAL_FLAGS <<<"${SETUP[EVAL_FLAGS]}"
-DATA_ARGS=()
-for f in "${TEST_FILES[@]}"; do DATA_ARGS+=(--data "$f"); done
-COMMON=("${DATA_ARGS[@]}" "${EVAL_FLAGS[@]}" --retriever-url "$URL" --batch-size "$EVAL_BATCH" --dtype "$EVAL_DTYPE"
-        --threads "$THREADS" --overwrite)
-if [[ "$EVAL_LIMIT" != "0" ]]; then COMMON+=(--limit "$EVAL_LIMIT"); fi
+first_dtype="${DTYPES%% *}"
+EVAL=()
+for f in "${TEST_FILES[@]}"; do EVAL+=(--data "$f"); done
+EVAL+=("${EVAL_FLAGS[@]}" --retriever-url "$URL" --batch-size "$EVAL_BATCH" --dtype "$first_dtype" --threads "$THREADS" --overwrite)
+if [[ "$TEST_LIMIT" != "0" ]]; then EVAL+=(--limit "$TEST_LIMIT"); fi
 evaluate() {  # name, then extra flags
   local name="$1"; shift
-  echo "[experiment] eval $name"
-  "$PYTHON" -m search_r1.eval --out "$OUT/eval/$name" --name "$name" "${COMMON[@]}" "$@"
+  echo "[experiment] test eval: $name"
+  "$PYTHON" -m search_r1.eval --out "$OUT/eval/test/$name" --name "$name" "${EVAL[@]}" "$@"
 }
-evaluate no-search --model "$INIT_MODEL" --no-search
-evaluate rag --model "$INIT_MODEL" --rag
-evaluate before-grpo --model "$INIT_MODEL"
-RUNS=("$OUT/eval/no-search" "$OUT/eval/rag" "$OUT/eval/before-grpo")
+evaluate no-search --model "${WS[no_search/$first_dtype]}" --no-search
+evaluate rag --model "${WS[rag/$first_dtype]}" --rag
+evaluate warm-start --model "${WS[search/$first_dtype]}"
+GRPO=()
 for seed in $SEEDS; do
-  evaluate "after-grpo-s$seed" --model "$OUT/grpo_seed$seed"
-  RUNS+=("$OUT/eval/after-grpo-s$seed")
+  evaluate "grpo-s$seed" --model "$OUT/grpo_${first_dtype}_seed$seed"
+  GRPO+=("$OUT/eval/test/grpo-s$seed")
 done
 
 phase "5/5 comparison"
 {
-  echo "# GRPO on CPU: held-out test questions, greedy"
+  echo "# GRPO with multi-turn search on CPU: held-out test questions, greedy"
   echo
-  echo "Command: bash scripts/experiment_cpu.sh $*  (EXP_SEEDS=\"$SEEDS\" EXP_STEPS=$STEPS EXP_EVAL_LIMIT=$EVAL_LIMIT)"
+  echo "Command: bash scripts/experiment_cpu.sh $*  (EXP_SEEDS=\"$SEEDS\" EXP_DTYPES=\"$DTYPES\" STEPS=$STEPS EXP_TEST_LIMIT=$TEST_LIMIT)"
   echo
-  "$PYTHON" -m search_r1.eval --compare "${RUNS[@]}" --metrics em,f1
+  "$PYTHON" -m search_r1.evaluation.compare --arm "no-search=$OUT/eval/test/no-search" --arm "rag=$OUT/eval/test/rag" \
+    --arm "warm-start=$OUT/eval/test/warm-start" --arm "grpo=$(IFS=,; echo "${GRPO[*]}")" \
+    --before warm-start --after grpo --baseline rag --json "$OUT/comparison.json"
+  cat "$OUT/dev.md"
   echo
-  "$PYTHON" - "${RUNS[@]}" <<'PY'
-import json, statistics, sys
-runs = {p.rsplit("/", 1)[-1]: json.load(open(p + "/results.json")) for p in sys.argv[1:]}
-after = {k: v for k, v in runs.items() if k.startswith("after-grpo")}
-others = {k: v for k, v in runs.items() if not k.startswith("after-grpo")}
-
-def em(r, source):
-    m = r["metrics"]["per_source"].get(source) if source != "overall" else r["metrics"]["overall"]
-    return m["em"] if m else float("nan")
-
-sources = sorted({s for r in runs.values() for s in r["metrics"]["per_source"]}) + ["overall"]
-for source in sources:
-    ems = [em(r, source) for r in after.values()]
-    best_other = max(others, key=lambda k: em(others[k], source))
-    spread = max(ems) - min(ems)
-    print(f"- {source}: after-GRPO EM " + ", ".join(f"{e:.3f}" for e in ems)
-          + f" (mean {statistics.mean(ems):.3f}, spread {spread:.3f} over {len(ems)} run(s)); "
-          + f"best other: {best_other} {em(others[best_other], source):.3f}")
-single = "synth_nq"
-if single in sources and after:
-    ems = [em(r, single) for r in after.values()]
-    margin = min(ems) - max(em(r, single) for r in others.values())
-    spread = max(ems) - min(ems)
-    verdict = "met" if margin > 0 and (len(ems) < 2 or margin > spread) else "not met"
-    note = "" if len(ems) > 1 else " (one seed: no spread measured; run with EXP_SEEDS=\"0 1\")"
-    print(f"- target (single-hop: every after-GRPO run beats before-GRPO, no-search and RAG by more than "
-          f"the spread): {verdict}; margin {margin:+.3f}, spread {spread:.3f}{note}")
-PY
-  echo
-  for seed in $SEEDS; do echo "- training curves (seed $seed): $OUT/grpo_seed$seed/training_curves.png"; done
-  echo "- the figure (training reward and EM per seed, held-out EM per setting): $OUT/comparison.png"
+  echo "- training curves: $OUT/grpo_*/training_curves.png; the figure: $OUT/comparison.png"
 } | tee "$OUT/comparison.md"
 "$PYTHON" scripts/plot_experiment.py "$OUT"
 phase "done: $OUT/comparison.md"

@@ -1,18 +1,17 @@
-"""The learning experiment's figure: training curves of every GRPO seed beside the held-out EM.
+"""The learning experiment's figure: held-out EM and searches per arm and source, and the training curves.
 
     python scripts/plot_experiment.py outputs/experiment_cpu            # writes .../comparison.png
     python scripts/plot_experiment.py outputs/experiment_cpu --out docs/figures/experiment_cpu.png
 
-Reads what `scripts/experiment_cpu.sh` writes: `grpo_seed*/metrics.jsonl` (per-step training reward
-and exact match, sampled at temperature 1) and `eval/*/results.json` (greedy EM per data_source).
+Reads what `scripts/experiment_cpu.sh` writes: `comparison.json` (search_r1.evaluation.compare: EM and
+searches per arm and data_source, mean over seeds and spread) and `grpo_*/metrics.jsonl` (per-step
+training reward, sampled at temperature 1, and the trainer's greedy dev validations).
 """
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
-
-ORDER = ("no-search", "rag", "before-grpo")  # then the after-grpo-s* runs
 
 
 def main() -> None:
@@ -25,35 +24,39 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = sorted(args.exp_dir.glob("grpo_seed*/metrics.jsonl"))
-    evals = {d.name: json.loads((d / "results.json").read_text())["metrics"]
-             for d in sorted((args.exp_dir / "eval").glob("*")) if (d / "results.json").exists()}
-    if not runs or not evals:
-        raise SystemExit(f"{args.exp_dir} holds no grpo_seed*/metrics.jsonl or eval/*/results.json. "
-                         "Fix: pass the directory scripts/experiment_cpu.sh wrote (EXP_OUT)")
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for path in runs:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if '"reward/mean"' in line]
-        steps = [r["step"] for r in rows]
-        seed = path.parent.name.removeprefix("grpo_")
-        axes[0].plot(steps, [r["reward/mean"] for r in rows], marker=".", label=seed)
-        axes[1].plot(steps, [r["reward/em"] for r in rows], marker=".", label=seed)
-    axes[0].set(title="training reward per step (sampled, T=1)", xlabel="GRPO step")
-    axes[1].set(title="training exact match per step (sampled, T=1)", xlabel="GRPO step")
-    names = [n for n in ORDER if n in evals] + sorted(n for n in evals if n not in ORDER)
-    sources = sorted({s for m in evals.values() for s in m["per_source"]})
+    cmp_path = args.exp_dir / "comparison.json"
+    runs = sorted(args.exp_dir.glob("grpo_*/metrics.jsonl"))
+    if not cmp_path.is_file() or not runs:
+        raise SystemExit(f"{args.exp_dir} holds no comparison.json or grpo_*/metrics.jsonl. Fix: pass the "
+                         "directory scripts/experiment_cpu.sh wrote (EXP_OUT) after it finished")
+    arms = json.loads(cmp_path.read_text())["arms"]
+    names = list(arms)
+    sources = [s for s in next(iter(arms.values())) if s != "overall"]
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.4))
     width = 0.8 / len(sources)
-    counts = next(iter(evals.values()))["per_source"]
-    for i, source in enumerate(sources):
-        values = [evals[n]["per_source"].get(source, {}).get("em", 0.0) for n in names]
-        bars = axes[2].bar([j + i * width for j in range(len(names))], values, width,
-                           label=f"{source} (n={counts.get(source, {}).get('n', '?')})")
-        axes[2].bar_label(bars, fmt="%.3f", fontsize=7)
-    axes[2].set_xticks([j + width * (len(sources) - 1) / 2 for j in range(len(names))], names, rotation=20)
-    axes[2].set(title="held-out exact match, greedy")
+    for panel, key, title in ((0, "em", "held-out exact match (greedy)"), (1, "searches", "searches per question")):
+        for i, source in enumerate(sources):
+            stats = [arms[n][source] for n in names]
+            xs = [j + i * width for j in range(len(names))]
+            bars = axes[panel].bar(xs, [s[key] for s in stats], width, yerr=[s[f"{key}_spread"] / 2 for s in stats],
+                                   capsize=3, label=f"{source} (n={stats[0]['n']})")
+            axes[panel].bar_label(bars, fmt="%.2f", fontsize=7)
+        axes[panel].set_xticks([j + width * (len(sources) - 1) / 2 for j in range(len(names))],
+                               [f"{n}\n({arms[n][sources[0]]['runs']} run{'s' if arms[n][sources[0]]['runs'] > 1 else ''})"
+                                for n in names])
+        axes[panel].set(title=title + ("; bars: ± half the seed spread" if panel == 0 else ""))
+    for path in runs:
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        train = [r for r in rows if "reward/mean" in r]
+        val = [r for r in rows if "val/em" in r]
+        label = path.parent.name.removeprefix("grpo_")
+        axes[2].plot([r["step"] for r in train], [r["reward/mean"] for r in train], marker=".", label=label)
+        axes[3].plot([r["step"] for r in val], [r["val/em"] for r in val], marker="o", label=label)
+    axes[2].set(title="training reward per step (sampled, T=1)", xlabel="GRPO step")
+    axes[3].set(title="dev exact match (greedy, trainer validation)", xlabel="GRPO step")
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     out = args.out or args.exp_dir / "comparison.png"
     out.parent.mkdir(parents=True, exist_ok=True)

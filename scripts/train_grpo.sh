@@ -9,6 +9,7 @@
 #   bash scripts/train_grpo.sh --config-name grpo_verl -m actor_rollout_ref.actor.optim.lr=1e-6,3e-6
 #   bash scripts/train_grpo.sh --dry-run --config-name grpo_verl # check + print the resolved config, exit
 #   bash scripts/train_grpo.sh --config-name grpo_verl_cpu       # verl's trainer on CPU, tiny model
+#   bash scripts/train_grpo.sh --config-name grpo_verl_cpu_vllm  # ... with verl's vLLM server (.venv-vllm)
 #
 # Which trainer runs:
 #   --config-name grpo_verl*          verl's own trainer (python -m verl_ext.main), any machine
@@ -19,14 +20,16 @@
 # With GPUs, trainer.n_gpus_per_node is set to the number of visible GPUs unless given.
 # --dry-run: verl path: run the config checks and print the resolved config; CPU path: print the
 # resolved config (Hydra's --cfg job --resolve). Nothing starts either way.
-# Environment: PYTHON (default: ./.venv/bin/python if present, else python3); SEARCH_R1_FORCE_CPU=1
-# runs the embedded CPU trainer even when a GPU is visible. The CPU paths (the embedded trainer and the
-# grpo_verl*_cpu configs) load local models only and run with HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-# unless you set them; the GPU path leaves them alone, so a hub id such as grpo_verl's
-# Qwen/Qwen2.5-3B-Instruct downloads on a fresh node.
+# Environment: PYTHON (default: ./.venv/bin/python if present, else python3; for *_vllm configs
+# ./.venv-vllm/bin/python, the vLLM-on-CPU environment of `make install-vllm`, docs/vllm_cpu.md);
+# SEARCH_R1_FORCE_CPU=1 runs the embedded CPU trainer even when a GPU is visible. The CPU paths (the
+# embedded trainer and the grpo_verl*_cpu / grpo_verl*_cpu_* configs) load local models only and run
+# with HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 unless you set them; the GPU path leaves them alone, so
+# a hub id such as grpo_verl's Qwen/Qwen2.5-3B-Instruct downloads on a fresh node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+PYTHON_GIVEN="${PYTHON:-}"
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
@@ -70,9 +73,23 @@ elif [[ -z "$config_name" && "$n_gpus" -gt 0 ]]; then
 fi
 
 if [[ "$verl" == "1" ]]; then
-  # *_cpu configs run verl's trainer on verl_ext/cpu's platform; verl resolves it at import time.
-  if [[ "$config_name" == *_cpu ]]; then export VERL_PLATFORM="${VERL_PLATFORM:-cpu}"; offline; fi
-  if [[ "$n_gpus" -gt 0 && "$has_gpus_key" == "0" && "$config_name" != *_cpu ]]; then
+  # *_cpu and *_cpu_* configs run verl's trainer on verl_ext/cpu's platform; verl resolves it at import time.
+  cpu_config=0
+  if [[ "$config_name" == *_cpu || "$config_name" == *_cpu_* ]]; then
+    cpu_config=1
+    export VERL_PLATFORM="${VERL_PLATFORM:-cpu}"
+    offline
+  fi
+  # *_vllm configs need vLLM, which lives in its own environment (docs/vllm_cpu.md).
+  if [[ "$config_name" == *_vllm && -z "$PYTHON_GIVEN" ]]; then
+    if [[ ! -x .venv-vllm/bin/python ]]; then
+      echo "[train_grpo] --config-name $config_name needs the vLLM-on-CPU environment .venv-vllm;" \
+           "build it with: make install-vllm (or set PYTHON to a python that has vLLM)" >&2
+      exit 2
+    fi
+    PYTHON=.venv-vllm/bin/python
+  fi
+  if [[ "$n_gpus" -gt 0 && "$has_gpus_key" == "0" && "$cpu_config" == "0" ]]; then
     args+=("trainer.n_gpus_per_node=$n_gpus")
     echo "[train_grpo] $n_gpus GPU(s) visible: verl's trainer with trainer.n_gpus_per_node=$n_gpus" >&2
   fi

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from retriever_server.launcher import ServerStartError
+from search_r1.dtypes import DTYPE_CHOICES, resolve_dtype
 from search_r1.evaluation.metrics import METRICS, compare_table, markdown_table
 from search_r1.evaluation.runner import ROLLOUT_FROM_CHECKPOINT, EvalConfig, checkpoint_rollout_settings, evaluate
 from search_r1.rollout.backends import GenerationError
@@ -88,7 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     limit("--max-obs-length", "longest search observation (and RAG context) in tokens", type=int)
     limit("--max-tokens-per-turn", "generation cap per round (None: the response budget); --no-search and --rag "
           "answer in one round of this cap times (max-turns + 1), the search mode's total", type=int)
-    p.add_argument("--dtype", default=d["dtype"].default, choices=["float32", "bfloat16"], help=f"local model dtype (default: {d['dtype'].default})")
+    p.add_argument("--dtype", default=d["dtype"].default, choices=list(DTYPE_CHOICES),
+                   help="local model dtype; auto = bfloat16 only where this CPU runs it faster than float32 "
+                        f"(measured once per machine, search_r1.dtypes) (default: {d['dtype'].default})")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--overwrite", action="store_true",
                    help="discard earlier predictions in --out instead of resuming (a resume is refused when the "
@@ -139,7 +142,9 @@ def main(argv=None) -> int:
             base_url=args.base_url, tokenizer=args.tokenizer, api_key_env=args.api_key_env,
             allow_insecure_http=args.allow_insecure_http, name=args.name,
             limit=args.limit, limit_per_source=args.limit_per_source, seed=args.seed,
-            batch_size=args.batch_size, dtype=args.dtype, threads=args.threads,
+            batch_size=args.batch_size, threads=args.threads,
+            # resolved here, so results.json and the resume check record the dtype that ran
+            dtype=args.dtype if args.base_url else resolve_dtype(args.dtype, "rollout", "--dtype"),
             overwrite=args.overwrite, progress=not args.no_progress)
         results = evaluate(cfg)
     except (ValueError, FileNotFoundError, GenerationError, SearchError, ServerStartError) as exc:

@@ -87,6 +87,15 @@ def baseline_messages(question: str, documents: str | None = None) -> list[dict]
     return [{"role": "user", "content": RAG_INSTRUCTION.format(question=q, documents=documents)}]
 
 
+def rag_documents(tokenizer, documents: list[str], max_tokens: int) -> list[str]:
+    """Rendered passages for the RAG prompt, each cut to `max_tokens` tokens (the budget a search
+    observation gets in the search mode), so both modes read the same amount of evidence."""
+    out = []
+    for d, ids in zip(documents, tokenizer(list(documents), add_special_tokens=False)["input_ids"]):
+        out.append(d if len(ids) <= max_tokens else tokenizer.decode(ids[:max_tokens]) + "\n")
+    return out
+
+
 def apply_chat_template(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids of `messages` with the generation prompt appended (ChatML for SmolLM2 / Qwen)."""
     if getattr(tokenizer, "chat_template", None):

@@ -6,6 +6,8 @@ loop, workers and weight sync are untouched; this subclass only adds, per step a
 - search statistics from the agent loop (`extra_fields["search_r1"]`, verl_ext/agent_loop.py), under
   the embedded CPU trainer's names: `env/turns_mean`, `env/searches_mean`, `env/valid_action_ratio`,
   `env/finish_ratio`, `env/search_failures`, `response/truncated_ratio`, `prompt/cut_ratio`, ...;
+- `sync/unsynced_log_ppl_abs_diff`: verl's `rollout_corr/log_ppl_abs_diff` computed against the
+  reference policy's log-probs instead of the rollout's (`unsynced_rollout_metrics`);
 - validation EM / F1 per `data_source` as `val/<source>/em`, `val/<source>/f1` and pooled `val/em`,
   `val/f1` (beside verl's `val-core/...`, `val-aux/...`), and a table of every validation so far,
   printed after each validation and at the end of training.
@@ -56,6 +58,24 @@ def search_metrics(stats: list[dict]) -> dict[str, float]:
         # prompts longer than rollout.prompt_length, rolled out on their last prompt_length tokens
         "prompt/cut_ratio": float((col("prompt_cut") > 0).mean()),
     }
+
+
+def unsynced_rollout_metrics(old_log_probs, ref_log_probs, response_mask) -> dict[str, float]:
+    """What `rollout_corr/log_ppl_abs_diff` would read if no weight sync had reached the rollout.
+
+    verl's metric compares the rollout's log-probs of the sampled tokens with the actor's (`old`):
+    mean over sequences of |mean_t log p_rollout - mean_t log p_old|. A rollout that never received
+    the trainer's weights still holds the initial weights, which are the reference policy's, so the
+    same statistic with the reference log-probs in place of the rollout's is the value a dropped
+    sync would produce (up to the rollout's own numerics). Beside the real metric it shows whether a
+    small rollout/actor gap means the weights arrived or only that the policy has not moved yet.
+    Shapes: all (batch, response_length); response_mask 1 on generated tokens.
+    """
+    from verl.trainer.ppo.rollout_corr_helper import compute_offpolicy_metrics
+
+    m = compute_offpolicy_metrics(old_log_prob=old_log_probs, rollout_log_prob=ref_log_probs,
+                                  response_mask=response_mask)
+    return {"sync/unsynced_log_ppl_abs_diff": float(m["log_ppl_abs_diff"])}
 
 
 def qa_metrics(data_sources, extra: dict[str, list]) -> dict[str, float]:
@@ -129,6 +149,10 @@ class SearchR1Trainer(PPOTrainerSync):
         # pop, as verl's _validate does: indexing a non-tensor stack gives a LinkedList (no .tolist()).
         stats = [ef.get(MODE_NAME) for ef in data.pop("extra_fields").tolist() if isinstance(ef, dict)]
         metrics.update(search_metrics([s for s in stats if s]))
+        if self.use_reference_policy:
+            fields = ["response_mask", "old_log_probs", "ref_log_prob"]
+            logp = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields).to_padded_tensor()
+            metrics.update(unsynced_rollout_metrics(logp["old_log_probs"], logp["ref_log_prob"], logp["response_mask"]))
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
                             expected_acc_counts=None):

@@ -71,6 +71,7 @@ class Question:
     answers: list           # gold aliases, canonical first
     subject: str            # the entity named in the question
     bridge: str = ""        # the entity found by the first hop (two-hop only)
+    follow_up: str = ""     # the single-hop question of the second hop, about the bridge (two-hop only)
     valid: bool = True      # cleared when a single passage holds both subject and answer
     gold_doc_ids: list = field(default_factory=list)
 
@@ -139,6 +140,10 @@ def candidate_questions(e, w: World, rng: random.Random) -> list[Question]:
         _, answers = follow(w, bridge, rel2)
         text = pick(rng, templates).format(s=e.name)
         if answers and not _leaks(text, answers) and not _leaks(text, [w.entities[bridge].name]):
+            b = w.entities[bridge]
+            # The question a reader asks once the first hop named the bridge (the warm-start's
+            # second search); its first template, so no random draw shifts the world's questions.
+            follow_up = SINGLE[(b.kind, rel2)][0].format(s=b.name)
             out.append(Question(TWO_HOP, text, ((e.eid, rel1), (bridge, rel2)), answers, e.name,
-                                bridge=w.entities[bridge].name))
+                                bridge=b.name, follow_up=follow_up))
     return out

@@ -208,6 +208,7 @@ def _parquet_schema():
             ("hops", pa.int64()),
             ("subject", pa.string()),
             ("bridge", pa.string()),
+            ("follow_up", pa.string()),
             ("gold_doc_ids", strings),
         ])),
     ])
@@ -247,7 +248,8 @@ def _write_split(split: str, questions: list[Question], jsonl_path: Path, parque
             rows.append(search_r1_row(
                 qid, q.text, q.answers, q.data_source, make_messages(q.text),
                 extra_info={"split": split, "index": index, "hops": len(q.chain),
-                            "subject": q.subject, "bridge": q.bridge, "gold_doc_ids": q.gold_doc_ids}))
+                            "subject": q.subject, "bridge": q.bridge, "follow_up": q.follow_up,
+                            "gold_doc_ids": q.gold_doc_ids}))
     table = pa.Table.from_pylist(rows, schema=_parquet_schema())
     with _atomic(parquet_path) as tmp:
         pq.write_table(table, tmp)

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from search_r1.dtypes import DTYPE_CHOICES, resolve_dtype
 from search_r1.evaluation.metrics import aggregate, score_response
 
 log = logging.getLogger("search_r1.eval")
@@ -80,7 +81,7 @@ class EvalConfig:
     max_response_length: int = 500
     max_obs_length: int = 500
     max_tokens_per_turn: int | None = None
-    dtype: str = "float32"
+    dtype: str = "auto"
     threads: int | None = None
     overwrite: bool = False
     progress: bool = True
@@ -98,8 +99,8 @@ class EvalConfig:
             raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.protocol not in ("auto", "tags", "tool_call"):
             raise ValueError(f"--protocol {self.protocol!r}; choose auto, tags or tool_call")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"--dtype {self.dtype!r}; choose float32 or bfloat16")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"--dtype {self.dtype!r}; choose one of {list(DTYPE_CHOICES)}")
         if self.retriever_urls and self.retriever_index:
             raise ValueError("pass either --retriever-url or --retriever-index, not both")
 
@@ -378,7 +379,7 @@ def _load_generator(cfg: EvalConfig, tokenizer):
     if cfg.base_url:
         return OpenAIGenerator(cfg.base_url, cfg.model, tokenizer=tokenizer, api_key=os.environ.get(cfg.api_key_env),
                                allow_insecure_http=cfg.allow_insecure_http)
-    dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+    dtype = torch.bfloat16 if resolve_dtype(cfg.dtype, "rollout", "--dtype") == "bfloat16" else torch.float32
     model, _ = load_model_and_tokenizer(resolve_model_dir(cfg.model), dtype=dtype)
     return HFGenerator(model, tokenizer)
 
@@ -392,7 +393,7 @@ def _load_tokenizer(cfg: EvalConfig):
 
 def _baseline_prompts(cfg: EvalConfig, tokenizer, batch: list[Example], engine) -> tuple[list[list[int]], list]:
     """Prompt ids of the no-search / RAG baselines and the RAG context (None for no-search)."""
-    from search_r1.prompts import apply_chat_template, baseline_messages
+    from search_r1.prompts import apply_chat_template, baseline_messages, rag_documents
 
     missing = [ex.id for ex in batch if not ex.question]
     if missing:
@@ -400,12 +401,7 @@ def _baseline_prompts(cfg: EvalConfig, tokenizer, batch: list[Example], engine) 
                          f"no 'Question: ...' in the prompt); the {cfg.mode} baseline needs it")
     contexts: list = [None] * len(batch)
     if cfg.mode == "rag":
-        docs = engine.batch_search([ex.question for ex in batch])
-        # The same token budget a search observation gets in the search mode.
-        contexts = []
-        for d in docs:
-            ids = tokenizer(d, add_special_tokens=False)["input_ids"]
-            contexts.append(d if len(ids) <= cfg.max_obs_length else tokenizer.decode(ids[: cfg.max_obs_length]) + "\n")
+        contexts = rag_documents(tokenizer, engine.batch_search([ex.question for ex in batch]), cfg.max_obs_length)
     prompts = [apply_chat_template(tokenizer, baseline_messages(ex.question, c)) for ex, c in zip(batch, contexts)]
     return prompts, contexts
 

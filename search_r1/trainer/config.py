@@ -23,17 +23,22 @@ from typing import Any
 
 from search_r1.algos import AGG_MODES as _ALGO_AGG_MODES
 from search_r1.algos import KL_ESTIMATORS, ROLLOUT_IS_LEVELS, STD_MODES
+from search_r1.dtypes import DTYPE_CHOICES
 from search_r1.rewards import REWARD_FNS
 
 # The trainer's Hydra configs, inside the package so an installed (non-editable) copy has them.
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 AUTO = "auto"
-DTYPES = ("float32", "bfloat16")
+DTYPES = DTYPE_CHOICES  # auto | float32 | bfloat16 (auto: search_r1.dtypes measures this CPU)
 # The workers normalise the loss by a global token or sequence count, so the *-sum modes are not offered.
 AGG_MODES = tuple(m for m in _ALGO_AGG_MODES if not m.endswith("-sum"))
 KL_TYPES = tuple(KL_ESTIMATORS)
 PROTOCOLS = ("tags", "tool_call")
+WARMSTART_FORMATS = ("search", "no_search", "rag")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+
+
+ROLLOUT_BACKENDS = ("hf", "vllm")
 
 
 def _fail(key: str, value: Any, allowed: str, fix: str) -> ValueError:
@@ -61,12 +66,13 @@ class ModelConfig:
     # Model alias (`smollm2-135m-instruct`, `tiny-random-qwen3`) or a local HF directory.
     name: str = "smollm2-135m-instruct"
     # Matmul precision of log-prob and update passes: float32, or bfloat16 autocast (fp32 master
-    # weights and optimizer; about 2x faster forward on CPUs with AMX/AVX512-BF16).
-    compute_dtype: str = "bfloat16"
+    # weights and optimizer; about 2x faster forward on CPUs with AMX/AVX512-BF16, ~50x slower on
+    # AVX2-only CPUs); auto = bfloat16 only where this CPU runs it clearly faster (search_r1.dtypes).
+    compute_dtype: str = "auto"
     # Weights used for sampling: float32 (the policy itself) or bfloat16 (a copy of the policy,
-    # re-synced after every update; about 2x faster decoding on CPU). Old log-probs are always
-    # recomputed with the training weights, so the PPO ratio is unaffected.
-    rollout_dtype: str = "bfloat16"
+    # re-synced after every update); auto as for compute_dtype, timed at a decoding shape. Old
+    # log-probs are always recomputed with the training weights, so the PPO ratio is unaffected.
+    rollout_dtype: str = "auto"
 
     def __post_init__(self):
         if not self.name:
@@ -151,9 +157,16 @@ class RolloutConfig:
     # Generation cap per round in tokens (40: a warm-start demonstration turn, think + question as
     # the query, takes up to ~40 SmolLM2 tokens; at 32 half of them did not fit).
     max_tokens_per_turn: int = 40
+    # Sampler: hf (the workers' HFGenerator on the policy itself) | vllm (`vllm serve` from the vLLM
+    # environment, weights re-synced after every update; search_r1/trainer/vllm_rollout.py).
+    backend: str = "hf"
+    # Python that runs vLLM when backend=vllm; auto = this one if it has vLLM, else
+    # $SEARCH_R1_VLLM_PYTHON, else .venv-vllm/bin/python (make install-vllm).
+    vllm_python: str = "auto"
 
     def __post_init__(self):
         _check_range("rollout.n", self.n, 1)
+        _check_choice("rollout.backend", self.backend, ROLLOUT_BACKENDS)
         _check_range("rollout.temperature", self.temperature, 0, lo_open=True)
         if self.top_p != 1.0:
             raise _fail("rollout.top_p", self.top_p, "1.0",
@@ -218,7 +231,7 @@ class AlgorithmConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     # AdamW peak learning rate.
-    lr: float = 1.0e-5
+    lr: float = 3.0e-6
     # Linear warmup from 0 to lr over this many optimizer steps, then constant.
     warmup_steps: int = 2
     # AdamW betas.
@@ -275,12 +288,19 @@ class TrainerConfig:
     # wandb project / run name (used when "wandb" is in loggers).
     project: str = "search-r1-cpu"
     experiment_name: str = "grpo_cpu"
+    # Warn (ALARM line, alarm/* metrics) when K3 KL averaged over alarm_window steps exceeds this
+    # (0 = off); the sampled EM falling below half its start and a validation EM significantly below
+    # the first one are reported too (search_r1/trainer/alarms.py).
+    kl_alarm: float = 0.1
+    # Steps averaged by the alarms.
+    alarm_window: int = 5
 
     def __post_init__(self):
         object.__setattr__(self, "loggers", tuple(self.loggers))
         for key in ("total_steps", "batch_size", "mini_batch_size", "ppo_epochs", "micro_batch_size",
-                    "val_batch_size", "keep_last", "n_workers", "threads_per_worker"):
+                    "val_batch_size", "keep_last", "n_workers", "threads_per_worker", "alarm_window"):
             _check_range(f"trainer.{key}", getattr(self, key), 1)
+        _check_range("trainer.kl_alarm", self.kl_alarm, 0.0)
         for key in ("test_freq", "save_freq"):
             _check_range(f"trainer.{key}", getattr(self, key), 0)
         if self.batch_size % self.mini_batch_size:
@@ -306,8 +326,14 @@ class WarmstartConfig:
     batch_size: int = 4
     # AdamW learning rate (constant, no weight decay).
     lr: float = 1.0e-4
-    # Demonstrations built from single-hop train questions (fewer if not enough qualify).
+    # Demonstrations built from train questions (fewer if not enough qualify).
     n_examples: int = 96
+    # Share of two-hop questions among them (search format: they search twice, so rollout.max_turns
+    # must be >= 2); the rest are single-hop.
+    two_hop_share: float = 0.0
+    # Response format taught: search (the protocol of data.protocol) | no_search | rag (the eval's
+    # --no-search / --rag baselines, each warm-started in its own format).
+    format: str = "search"
     # Seed of demonstration choice, batch order and torch.
     seed: int = 0
 
@@ -315,6 +341,8 @@ class WarmstartConfig:
         for key in ("steps", "batch_size", "n_examples"):
             _check_range(f"warmstart.{key}", getattr(self, key), 1)
         _check_range("warmstart.lr", self.lr, 0, lo_open=True)
+        _check_range("warmstart.two_hop_share", self.two_hop_share, 0.0, 1.0)
+        _check_choice("warmstart.format", self.format, WARMSTART_FORMATS)
 
 
 SECTIONS = {
@@ -347,6 +375,11 @@ class TrainConfig:
             raise _fail("trainer.n_workers", t.n_workers,
                         f"a divisor of mini_batch_size * rollout.n = {t.mini_batch_size * n}",
                         "change trainer.n_workers, trainer.mini_batch_size or rollout.n")
+        w = self.warmstart
+        if w.enabled and w.format == "search" and w.two_hop_share > 0 and self.rollout.max_turns < 2:
+            raise _fail("warmstart.two_hop_share", w.two_hop_share,
+                        f"0 when rollout.max_turns < 2 (it is {self.rollout.max_turns}): two-hop demonstrations "
+                        f"search twice", "set rollout.max_turns=2 or warmstart.two_hop_share=0")
         if self.rollout.max_start_length < self.data.max_prompt_length:
             raise _fail("rollout.max_start_length", self.rollout.max_start_length,
                         f">= data.max_prompt_length ({self.data.max_prompt_length})",

@@ -15,6 +15,7 @@ the workers are stopped on the way out, also on errors.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -138,6 +139,10 @@ def check_paths(cfg: TrainConfig) -> None:
         raise ValueError(f"config trainer.resume={resume!r} is invalid: allowed 'auto', 'none' or an existing "
                          f"checkpoint directory. Fix: point trainer.resume at a checkpoint (e.g. "
                          f"OUTPUT/checkpoints/global_step_10) or use auto")
+    if cfg.rollout.backend == "vllm":  # before anything slow: vLLM lives in its own environment
+        from search_r1.rollout.vllm_server import find_vllm_python
+
+        find_vllm_python(cfg.rollout.vllm_python)
 
 
 def check_cores(cfg: TrainConfig) -> None:
@@ -150,14 +155,29 @@ def check_cores(cfg: TrainConfig) -> None:
             f"or n_workers (oversubscribed torch threads slow every step down)")
 
 
+def resolve_dtypes(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` with model.compute_dtype / model.rollout_dtype `auto` replaced by this machine's choice
+    (search_r1.dtypes: bf16 only where the CPU runs it clearly faster), so the run directory's
+    config.json, the warm-start cache key and the workers all see the dtype that actually runs."""
+    from search_r1.dtypes import resolve_dtype
+
+    m = cfg.model
+    model = dataclasses.replace(m, compute_dtype=resolve_dtype(m.compute_dtype, "compute", "model.compute_dtype"),
+                                rollout_dtype=resolve_dtype(m.rollout_dtype, "rollout", "model.rollout_dtype"))
+    return dataclasses.replace(cfg, model=model)
+
+
 def worker_spec(cfg: TrainConfig, model_path: str | None = None):
     """The workers' spec; `model_path` (the warm-started directory) replaces model.name for both the
     policy and the KL reference."""
     from search_r1.trainer.workers import WorkerSpec
 
-    a, o, t = cfg.algorithm, cfg.optim, cfg.trainer
+    a, o, t, m = cfg.algorithm, cfg.optim, cfg.trainer, resolve_dtypes(cfg).model
+    # With a vLLM sampler the workers keep no bf16 sampling copy (the server holds the rollout weights).
+    rollout_dtype = "float32" if cfg.rollout.backend == "vllm" else m.rollout_dtype
     return WorkerSpec(
-        model_name=model_path or cfg.model.name, compute_dtype=cfg.model.compute_dtype, rollout_dtype=cfg.model.rollout_dtype, threads=t.threads_per_worker,
+        model_name=model_path or cfg.model.name, compute_dtype=m.compute_dtype, rollout_dtype=rollout_dtype,
+        threads=t.threads_per_worker,
         seed=t.seed, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
         grad_clip=o.grad_clip, clip_ratio=a.clip_ratio, kl_coef=a.kl_coef, kl_type=a.kl_type,
         entropy_coef=a.entropy_coef, loss_agg=a.loss_agg, temperature=cfg.rollout.temperature,
@@ -179,7 +199,8 @@ def warm_start(cfg: TrainConfig, data: DataPaths, search_engine, url: str | None
 
     kwargs = dict(steps=w.steps, batch_size=w.batch_size, lr=w.lr, n_examples=w.n_examples, seed=w.seed,
                   max_obs_length=cfg.rollout.max_obs_length, max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
-                  protocol=cfg.data.protocol, compute_dtype=cfg.model.compute_dtype,
+                  protocol=cfg.data.protocol, fmt=w.format, two_hop_share=w.two_hop_share,
+                  compute_dtype=resolve_dtypes(cfg).model.compute_dtype,
                   threads=cfg.trainer.threads_per_worker)
     files = [str(f) for f in data.train_files]
     if url is None:
@@ -221,6 +242,7 @@ def run(cfg: TrainConfig, search_engine=None) -> dict:
 
     check_paths(cfg)
     check_cores(cfg)
+    cfg = resolve_dtypes(cfg)
     torch.set_num_threads(1)  # the driver only decodes, scores and pads; the workers compute
     out = Path(cfg.trainer.output_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
@@ -256,8 +278,20 @@ def run(cfg: TrainConfig, search_engine=None) -> dict:
         logger = MetricsLogger(out, loggers=list(cfg.trainer.loggers), project=cfg.trainer.project,
                                experiment_name=cfg.trainer.experiment_name, config=cfg.to_dict())
         stack.callback(logger.close)
+        rollout = None
+        if cfg.rollout.backend == "vllm":
+            from search_r1.models import resolve_model_path
+            from search_r1.trainer.vllm_rollout import VLLMRollout
+
+            r = cfg.rollout
+            rollout = VLLMRollout(str(model_path or resolve_model_path(cfg.model.name)), out,
+                                  dtype=cfg.model.rollout_dtype, seed=cfg.trainer.seed,
+                                  max_model_len=r.max_prompt_length + r.max_tokens_per_turn,
+                                  python=r.vllm_python, tokenizer=tokenizer)
+            stack.callback(rollout.stop)
+            rollout.start()
         trainer = RayGRPOTrainer(cfg, tokenizer, group, search_engine, loader, val_ds, logger,
-                                 checkpoint_root=out / "checkpoints")
+                                 checkpoint_root=out / "checkpoints", rollout=rollout)
         summary = trainer.fit()
     metrics_path = out / "metrics.jsonl"
     plot_path = out / "training_curves.png"

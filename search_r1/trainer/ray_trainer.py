@@ -34,6 +34,7 @@ from search_r1.data.dataset import repeat_interleave
 from search_r1.evaluation.metrics import OVERALL, aggregate, score_response
 from search_r1.rewards import check_format_correctness, em_score, get_reward_fn
 from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager
+from search_r1.trainer.alarms import RunAlarms
 from search_r1.trainer.config import TrainConfig
 from search_r1.trainer.workers import WorkerGroupGenerator, arrange_for_dp, worker_seconds
 
@@ -83,7 +84,7 @@ class RayGRPOTrainer:
     """
 
     def __init__(self, config: TrainConfig, tokenizer, worker_group, search_engine, train_loader,
-                 val_dataset, metrics_logger=None, checkpoint_root: str | Path | None = None):
+                 val_dataset, metrics_logger=None, checkpoint_root: str | Path | None = None, rollout=None):
         self.cfg = config
         self.tokenizer = tokenizer
         self.wg = worker_group
@@ -92,7 +93,10 @@ class RayGRPOTrainer:
         self.val_dataset = val_dataset
         self.logger = metrics_logger
         self.checkpoint_root = Path(checkpoint_root or Path(config.trainer.output_dir) / "checkpoints")
-        self.generator = WorkerGroupGenerator(worker_group)
+        # rollout.backend=vllm: a VLLMRollout (search_r1/trainer/vllm_rollout.py) samples, re-synced
+        # after every update; otherwise the workers' HFGenerator samples with the policy itself.
+        self.rollout = rollout
+        self.generator = rollout.generator if rollout is not None else WorkerGroupGenerator(worker_group)
         self.reward_fn = get_reward_fn(config.algorithm.reward)
         r = config.rollout
         self.gen_config = GenerationConfig(
@@ -105,12 +109,15 @@ class RayGRPOTrainer:
                                and config.trainer.ppo_epochs == 1)
         self.global_step = 0
         self.history: list[dict] = []  # every logged metrics dict, for the caller's summary
+        self.alarms = RunAlarms(kl=config.trainer.kl_alarm, window=config.trainer.alarm_window)
 
     # -- the loop -----------------------------------------------------------------------------------
     def fit(self) -> dict:
         """Train for trainer.total_steps (continuing after a checkpoint when resuming)."""
         t = self.cfg.trainer
         start = self.maybe_resume()
+        if self.rollout is not None:  # the server holds the warm-started weights; a resumed policy differs
+            self.rollout.sync(self.wg)
         summary: dict = {"resumed_from": start}
         if t.val_before_train and start == 0:
             summary["val_before"] = self._log(self.validate(), step=0)
@@ -198,6 +205,9 @@ class RayGRPOTrainer:
             update.meta_info["old_is_current"] = self.old_is_current
             per_rank = self.wg.update_actor(update)  # identical actor/* metrics on every rank
         timing["update_actor_worker"] = max(m.pop("perf/update_worker_s") for m in per_rank)
+        if self.rollout is not None:
+            with timed(timing, "rollout_sync"):
+                self.rollout.sync(self.wg)
         metrics = dict(per_rank[0])
         metrics.update(self.rollout_metrics(batch, scores, texts))
         self._write_samples(batch, scores, texts)
@@ -363,6 +373,9 @@ class RayGRPOTrainer:
                                     "response": texts[i]}) + "\n")
 
     def _log(self, metrics: dict, step: int) -> dict:
+        for message in self.alarms.check(metrics):  # adds alarm/* to metrics
+            tqdm.write(f"[trainer] step {step}: {message}")
+            log.warning("step %d: %s", step, message)
         # non-finite values are kept: MetricsLogger records them as null and warns, tests catch them
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float, np.floating))}
         self.history.append({"step": step, **clean})

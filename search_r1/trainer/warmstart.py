@@ -1,4 +1,4 @@
-"""Supervised format warm-start: teach a small policy the Search-R1 protocol before GRPO.
+"""Supervised format warm-start: teach a small policy a response format before GRPO.
 
 Why: GRPO learns only from reward differences inside a group. SmolLM2-135M-Instruct never writes
 `<search>`/`<answer>` on its own (measured: 0 valid actions over the whole demo), so every reward
@@ -6,25 +6,33 @@ is -1, every advantage is 0 and RL has nothing to follow. Upstream Search-R1 sta
 models that already follow the instruction. A few dozen supervised steps on demonstrations of the
 protocol give the small model the format; GRPO then has reward variance to work with.
 
-Demonstrations (single-hop train questions only, the test split is never touched):
+Demonstrations come from training questions only (the test split is never touched), in one of three
+formats, one per arm of the learning experiment (`warmstart.format`), so every arm gets a warm-start
+of the same size and recipe in its own format:
 
-    <think> Look up {subject}. </think>\n<search> {question} </search>      <- policy turn 1
-    \n\n<information>{real retrieved passages}</information>\n\n           <- environment (masked)
-    <think> The passages give the answer. </think>\n<answer> {gold} </answer><|im_end|>  <- turn 2
+  search (the Search-R1 protocol; `tags` or `tool_call` actions):
+    single-hop:  <think> Look up {subject}. </think>\n<search> {question} </search>     <- policy
+                 \n\n<information>{real retrieved passages}</information>\n\n        <- environment
+                 <think> The passages give the answer. </think>\n<answer> {gold} </answer><|im_end|>
+    two-hop:     <think> Two steps: first look up {subject}. </think>\n<search> {question} </search>, the
+                 passages; then, from the passages naming the bridge entity,
+                 <think> Now look up {bridge}. </think>\n<search> {follow-up question} </search>
+                 \n\n<information>...</information>\n\n, then the answer turn
+  no_search:   the eval's no-search prompt -> <think> I answer from what I know. </think>\n<answer> {gold} </answer>
+  rag:         the eval's RAG prompt (passages retrieved with the question) ->
+               <think> The documents give the answer. </think>\n<answer> {gold} </answer>
 
-With `protocol="tool_call"` turn 1 is a tool call and the observation a `<tool_response>` block:
-
-    <think> Look up {subject}. </think>\n<tool_call>{"name": "search", "arguments": {"query": "{question}"}}</tool_call>
-
-in the JSON form the row's prompt shows (`{"action": "web_search", "action_input": {...}}` when the
-prompt asks for that, e.g. `search_r1.agents.toolcall`'s; `{"name": "search", ...}` otherwise).
-
-The search runs through the run's real retriever, and the observation ids come from the rollout's
-own `ObservationEncoder` with the rollout's `max_obs_length` budget, so the text the model is
-trained on is token for token what it reads at rollout time. A demonstration is kept only when the
-gold answer is visible in that (possibly shortened) observation, so the model learns to copy from
-evidence rather than to memorise answers; and only when each policy turn fits
-`rollout.max_tokens_per_turn`.
+`warmstart.two_hop_share` of the demonstrations are two-hop questions (the search format then needs
+`rollout.max_turns >= 2`). Searches run through the run's real retriever, and the observation ids come
+from the rollout's own `ObservationEncoder` with the rollout's `max_obs_length` budget, so the text
+the model is trained on is token for token what it reads at rollout time. A search demonstration is
+kept only when what it needs is visible in the (possibly shortened) observation: the gold answer in
+the last one and, on two-hop questions, the bridge entity in the first; so the model learns to read
+evidence rather than to memorise answers. Every policy turn must fit `rollout.max_tokens_per_turn`.
+With `protocol="tool_call"` a search is a `<tool_call>` in the JSON form the row's prompt shows
+(`{"action": "web_search", "action_input": {...}}` when the prompt asks for that, e.g.
+`search_r1.agents.toolcall`'s; `{"name": "search", ...}` otherwise) and observations are
+`<tool_response>` blocks.
 
 Loss: token-mean cross entropy over the policy's tokens only (prompt and observation masked: the
 info_mask idea of the RL update). AdamW, bf16 autocast optional, fixed seed.
@@ -52,11 +60,33 @@ from pathlib import Path
 log = logging.getLogger("search_r1.trainer.warmstart")
 
 META_FILE = "warmstart.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MICRO_BATCH = 2  # rows per forward/backward: ~0.8 GB of activations each for SmolLM2 at ~300 tokens
-THINK_SEARCH = "<think> Look up {subject}. </think>\n<search> {query} </search>"
-THINK_TOOL_CALL = "<think> Look up {subject}. </think>\n<tool_call>{call}</tool_call>"
-THINK_ANSWER = "<think> The passages give the answer. </think>\n<answer> {answer} </answer>"
+FORMATS = ("search", "no_search", "rag")
+THINK_FIRST = "<think> Look up {subject}. </think>\n"
+# A two-hop plan is stated in the first thought, where the question's wording decides it, so the second
+# turn conditions on the model's own words rather than on a distant question (measured on dev: with
+# the single-hop first thought for both kinds, the warm-started model searched twice on 18 of 19
+# single-hop questions).
+THINK_FIRST_TWO_HOP = "<think> Two steps: first look up {subject}. </think>\n"
+THINK_BRIDGE = "<think> Now look up {bridge}. </think>\n"
+THINK_ANSWER = {"search": "<think> The passages give the answer. </think>\n",
+                "no_search": "<think> I answer from what I know. </think>\n",
+                "rag": "<think> The documents give the answer. </think>\n"}
+ANSWER = "<answer> {answer} </answer>"
+
+
+def search_action(query: str, protocol: str, prompt_text: str = "") -> str:
+    """The policy's search action for `query` under `protocol` (what `protocol.parse_action` reads);
+    a tool call takes the JSON form the prompt shows: `{"action": "web_search", "action_input": {...}}`
+    when it asks for that (search_r1.agents.toolcall's prompt), else `{"name": "search", ...}`."""
+    if protocol != "tool_call":
+        return f"<search> {query} </search>"
+    if '"action": "web_search"' in prompt_text:
+        call = {"action": "web_search", "action_input": {"query": query}}
+    else:
+        call = {"name": "search", "arguments": {"query": query}}
+    return "<tool_call>" + json.dumps(call, ensure_ascii=False) + "</tool_call>"
 
 
 @dataclass(frozen=True)
@@ -64,7 +94,7 @@ class Demo:
     """One tokenized demonstration.
 
     input_ids: prompt (chat template) + response ids; loss_mask: 1 on policy-written response tokens
-    (both turns and the final EOS), 0 on prompt and observation tokens; same length as input_ids.
+    (every policy turn and the final EOS), 0 on prompt and observation tokens; same length as input_ids.
     """
 
     question: str
@@ -73,87 +103,179 @@ class Demo:
     input_ids: tuple[int, ...]
     loss_mask: tuple[int, ...]
     prompt_length: int
+    hops: int = 1
 
 
-def _train_rows(train_files, protocol: str) -> list[dict]:
-    """Single-hop train rows: question, gold answers, subject, prompt messages."""
+def _train_rows(train_files) -> list[dict]:
+    """Train rows: question, gold answers, hops, subject, bridge, follow-up question, prompt messages.
+
+    Rows without `extra_info.hops` count as single-hop when their data_source is synth_nq (or absent);
+    two-hop rows need the bridge and follow-up question the synthetic world records.
+    """
     import pandas as pd
 
     rows = []
     for f in train_files:
         df = pd.read_parquet(f)
         for rec in df.to_dict("records"):
-            extra = rec.get("extra_info") or {}
-            hops = extra.get("hops") if isinstance(extra, dict) else None
-            if hops is not None and int(hops) != 1:
-                continue
-            if hops is None and rec.get("data_source") not in (None, "synth_nq"):
-                continue
+            extra = rec.get("extra_info") if isinstance(rec.get("extra_info"), dict) else {}
+            hops = extra.get("hops")
+            if hops is None:
+                if rec.get("data_source") not in (None, "synth_nq"):
+                    continue
+                hops = 1
             gold = [str(a) for a in rec["reward_model"]["ground_truth"]["target"]]
             question = rec.get("question") or ""
-            if not question or not gold:
+            if not question or not gold or int(hops) not in (1, 2):
                 continue
-            subject = (extra.get("subject") if isinstance(extra, dict) else None) or question
-            rows.append({"question": question, "golden_answers": gold, "subject": subject,
-                         "messages": [dict(m) for m in rec["prompt"]]})
+            if int(hops) == 2 and not (extra.get("bridge") and extra.get("follow_up")):
+                continue
+            rows.append({"question": question, "golden_answers": gold, "hops": int(hops),
+                         "subject": extra.get("subject") or question, "bridge": extra.get("bridge") or "",
+                         "follow_up": extra.get("follow_up") or "", "messages": [dict(m) for m in rec["prompt"]]})
     return rows
 
 
+def _visible(needles, text: str) -> bool:
+    return any(n.lower() in text.lower() for n in needles)
+
+
+class _DemoWriter:
+    """Tokenizes demonstrations of one format: policy turns (mask 1) between observations (mask 0)."""
+
+    def __init__(self, tokenizer, search_engine, protocol: str, fmt: str, max_obs_length: int,
+                 max_tokens_per_turn: int):
+        from search_r1.protocol import ObservationEncoder
+
+        self.tok, self.engine, self.protocol, self.fmt = tokenizer, search_engine, protocol, fmt
+        self.max_obs, self.max_turn = max_obs_length, max_tokens_per_turn
+        self.encoder = ObservationEncoder(tokenizer, protocol)
+        self.stats = {"too_long": 0, "gold_not_retrieved": 0, "bridge_not_retrieved": 0}
+
+    def observe(self, queries: list[str]) -> list[tuple[list[int] | None, str]]:
+        """(observation ids, their text) of one search per query, exactly as the rollout builds them."""
+        from search_r1.protocol import decode_ids
+
+        passages = self.engine.batch_search(queries)
+        obs = self.encoder.encode(["search"] * len(queries), passages, [self.max_obs] * len(queries))
+        return list(zip(obs, decode_ids(self.tok, [o or [] for o in obs])))
+
+    def prompts(self, rows: list[dict]) -> list[list[int]]:
+        from search_r1.prompts import apply_chat_template, baseline_messages, rag_documents
+
+        if self.fmt == "search":
+            return [apply_chat_template(self.tok, r["messages"]) for r in rows]
+        docs = [None] * len(rows)
+        if self.fmt == "rag":  # the eval's RAG context: the question's passages, the observation budget
+            docs = rag_documents(self.tok, self.engine.batch_search([r["question"] for r in rows]), self.max_obs)
+        return [apply_chat_template(self.tok, baseline_messages(r["question"], d)) for r, d in zip(rows, docs)]
+
+    def write(self, rows: list[dict]) -> list["Demo"]:
+        """Demonstrations of `rows` (one search per hop for the search format); unqualified rows are
+        counted in `stats` and skipped."""
+        from search_r1.protocol import decode_ids, encode_texts
+
+        final = THINK_ANSWER[self.fmt] + ANSWER
+        # parts[i]: alternating policy texts (str) and observations ((ids, text)), policy first and last
+        parts: list[list] = [[] for _ in rows]
+        if self.fmt == "search":
+            first = self.observe([r["question"] for r in rows])
+            second_rows = [i for i, r in enumerate(rows) if r["hops"] == 2]
+            second = dict(zip(second_rows, self.observe([rows[i]["follow_up"] for i in second_rows])))
+            for i, r in enumerate(rows):
+                think = THINK_FIRST_TWO_HOP if r["hops"] == 2 else THINK_FIRST
+                shown = " ".join(str(m.get("content", "")) for m in r["messages"])
+                parts[i] = [think.format(subject=r["subject"]) + search_action(r["question"], self.protocol, shown),
+                            first[i]]
+                if r["hops"] == 2:
+                    parts[i] += [THINK_BRIDGE.format(bridge=r["bridge"]) + search_action(r["follow_up"], self.protocol, shown),
+                                 second[i]]
+        demos = []
+        for r, p, prompt in zip(rows, parts, self.prompts(rows)):
+            p = p + [final.format(answer=r["golden_answers"][0])]
+            if not self._grounded(r, p):
+                continue
+            turns = iter(encode_texts(self.tok, [x for x in p if isinstance(x, str)]))
+            response, mask, longest = [], [], 0
+            for x in p:
+                ids, m = (next(turns), 1) if isinstance(x, str) else (list(x[0]), 0)
+                longest = max(longest, len(ids) * m)
+                response += ids
+                mask += [m] * len(ids)
+            if longest > self.max_turn or len(ids) + 1 > self.max_turn:  # the last turn also ends in EOS
+                self.stats["too_long"] += 1
+                continue
+            response.append(self.tok.eos_token_id)
+            mask.append(1)
+            demos.append(Demo(r["question"], tuple(r["golden_answers"]), decode_ids(self.tok, [response])[0],
+                              tuple(prompt + response), tuple([0] * len(prompt) + mask), len(prompt), r["hops"]))
+        return demos
+
+    def _grounded(self, row: dict, parts: list) -> bool:
+        """A search demonstration shows its evidence: the bridge in the first observation (two-hop)
+        and the gold answer in the last; an observation that did not fit (None) disqualifies it."""
+        observations = [x for x in parts if not isinstance(x, str)]
+        if any(ids is None for ids, _ in observations):
+            self.stats["too_long"] += 1
+            return False
+        if observations and row["hops"] == 2 and not _visible([row["bridge"]], observations[0][1]):
+            self.stats["bridge_not_retrieved"] += 1
+            return False
+        if observations and not _visible(row["golden_answers"], observations[-1][1]):
+            self.stats["gold_not_retrieved"] += 1
+            return False
+        return True
+
+
 def build_demos(tokenizer, search_engine, train_files, n_examples: int, seed: int, max_obs_length: int,
-                max_tokens_per_turn: int, protocol: str = "tags") -> list[Demo]:
-    """Up to `n_examples` demonstrations (see the module docstring); deterministic for a seed.
+                max_tokens_per_turn: int, protocol: str = "tags", fmt: str = "search",
+                two_hop_share: float = 0.0) -> list[Demo]:
+    """Up to `n_examples` demonstrations in format `fmt` (see the module docstring), of which
+    round(two_hop_share * n_examples) two-hop; deterministic for a seed. The list interleaves the two
+    kinds in the order drawn.
 
-    Raises ValueError when none qualify (no single-hop rows, turns longer than the per-turn cap, or
-    the retriever never shows the gold answer) naming the fix.
+    Raises ValueError naming the fix when none qualify (no usable rows, turns longer than the
+    per-turn cap, or the retriever never shows the evidence), or for an unknown format or protocol.
     """
-    from search_r1.prompts import apply_chat_template
-    from search_r1.protocol import ObservationEncoder, decode_ids, encode_texts
+    from search_r1.protocol import check_protocol
 
-    if protocol not in ("tags", "tool_call"):
-        raise ValueError(f"warmstart demonstrations are written for data.protocol tags or tool_call, got "
-                         f"{protocol!r}. Fix: set data.protocol, or warmstart.enabled=false")
-    rows = _train_rows(train_files, protocol)
-    if not rows:
-        raise ValueError(f"no single-hop rows in {list(map(str, train_files))} to build warm-start "
-                         f"demonstrations from. Fix: use the synthetic world's train.parquet or set "
-                         f"warmstart.enabled=false")
-    random.Random(seed).shuffle(rows)
-    encoder = ObservationEncoder(tokenizer, protocol)
-    eos = tokenizer.eos_token_id
+    check_protocol(protocol)
+    if fmt not in FORMATS:
+        raise ValueError(f"warmstart.format={fmt!r} is invalid: allowed {list(FORMATS)}. Fix: set warmstart.format")
+    if not 0.0 <= two_hop_share <= 1.0:
+        raise ValueError(f"warmstart.two_hop_share={two_hop_share!r} is invalid: allowed a number in [0, 1]")
+    rows = _train_rows(train_files)
+    n_two = round(two_hop_share * n_examples)
+    quota = {1: n_examples - n_two, 2: n_two}
+    pools = {h: [r for r in rows if r["hops"] == h] for h in (1, 2)}
+    missing = [f"{'single' if h == 1 else 'two'}-hop" for h in (1, 2) if quota[h] and not pools[h]]
+    if missing:
+        raise ValueError(f"no {' or '.join(missing)} rows in {list(map(str, train_files))} to build warm-start "
+                         f"demonstrations from (two-hop rows need extra_info.bridge and follow_up, which the "
+                         f"synthetic world writes). Fix: use the synthetic world's train.parquet, set "
+                         f"warmstart.two_hop_share=0, or set warmstart.enabled=false")
+    rng = random.Random(seed)
+    for h in (1, 2):
+        rng.shuffle(pools[h])
+    writer = _DemoWriter(tokenizer, search_engine, protocol, fmt, max_obs_length, max_tokens_per_turn)
     demos: list[Demo] = []
-    stats = {"too_long": 0, "gold_not_retrieved": 0}
     chunk = max(8, 2 * n_examples)
-    for start in range(0, len(rows), chunk):
-        batch = rows[start:start + chunk]
-        turn1 = [_search_turn(r, protocol) for r in batch]
-        turn2 = [THINK_ANSWER.format(answer=r["golden_answers"][0]) for r in batch]
-        ids1, ids2 = encode_texts(tokenizer, turn1), encode_texts(tokenizer, turn2)
-        passages = search_engine.batch_search([r["question"] for r in batch])
-        obs = encoder.encode(["search"] * len(batch), passages, [max_obs_length] * len(batch))
-        obs_text = decode_ids(tokenizer, [o or [] for o in obs])
-        for r, a, o, o_text, b in zip(batch, ids1, obs, obs_text, ids2):
-            if len(a) > max_tokens_per_turn or len(b) + 1 > max_tokens_per_turn or o is None:
-                stats["too_long"] += 1
-                continue
-            if not any(g.lower() in o_text.lower() for g in r["golden_answers"]):
-                stats["gold_not_retrieved"] += 1
-                continue
-            prompt = apply_chat_template(tokenizer, r["messages"])
-            response = list(a) + list(o) + list(b) + [eos]
-            mask = [1] * len(a) + [0] * len(o) + [1] * (len(b) + 1)
-            demos.append(Demo(r["question"], tuple(r["golden_answers"]),
-                              decode_ids(tokenizer, [response])[0], tuple(prompt + response),
-                              tuple([0] * len(prompt) + mask), len(prompt)))
-            if len(demos) == n_examples:
-                break
-        if len(demos) == n_examples:
+    for start in range(0, max(map(len, pools.values())), chunk):
+        for h in (1, 2):
+            need = quota[h] - sum(d.hops == h for d in demos)
+            if need > 0 and pools[h][start:start + chunk]:
+                demos += writer.write(pools[h][start:start + chunk])[:need]
+        if all(sum(d.hops == h for d in demos) >= quota[h] for h in (1, 2)):
             break
     if not demos:
-        raise ValueError(f"no warm-start demonstration qualified ({stats}). Fix: raise "
+        raise ValueError(f"no warm-start demonstration qualified ({writer.stats}). Fix: raise "
                          f"rollout.max_tokens_per_turn (turns must fit) or rollout.max_obs_length / "
-                         f"retriever.topk (the gold answer must be in the observation), or set "
+                         f"retriever.topk (the evidence must be in the observation), or set "
                          f"warmstart.enabled=false")
-    log.info("warm-start demonstrations: %d kept, skipped %s", len(demos), stats)
+    # one order for both kinds, so a batch mixes them
+    random.Random(seed + 1).shuffle(demos)
+    log.info("warm-start demonstrations (%s): %d single-hop, %d two-hop kept, skipped %s", fmt,
+             sum(d.hops == 1 for d in demos), sum(d.hops == 2 for d in demos), writer.stats)
     return demos
 
 
@@ -274,7 +396,8 @@ def is_complete(directory: Path) -> bool:
 
 def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int, batch_size: int, lr: float,
                      n_examples: int, seed: int, max_obs_length: int, max_tokens_per_turn: int,
-                     protocol: str = "tags", compute_dtype: str = "bfloat16", threads: int = 2,
+                     protocol: str = "tags", fmt: str = "search", two_hop_share: float = 0.0,
+                     compute_dtype: str = "bfloat16", threads: int = 2,
                      cache_root: Path | None = None, progress: bool = True) -> tuple[Path, dict]:
     """Path of the warm-started HF directory (built now or reused) and its meta dict."""
     import torch
@@ -284,8 +407,9 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
 
     tokenizer = load_tokenizer(model_name)
     demos = build_demos(tokenizer, search_engine, train_files, n_examples, seed, max_obs_length,
-                        max_tokens_per_turn, protocol)
-    settings = dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, compute_dtype=compute_dtype)
+                        max_tokens_per_turn, protocol, fmt, two_hop_share)
+    settings = dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, compute_dtype=compute_dtype, format=fmt,
+                    two_hop_share=two_hop_share)
     key = settings_key(model_name, demos, **settings)
     root = Path(cache_root) if cache_root is not None else home() / "warmstart"
     target = root / key

@@ -453,6 +453,15 @@ class PolicyWorker(Worker):
                 for dst, src in zip(self.rollout_model.parameters(), self.model.parameters()):
                     dst.copy_(src)
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_rollout_weights(self, path: str) -> None:
+        """Rank 0 writes the policy's parameters to `path` (safetensors) for a vLLM rollout server to
+        load (rollout.backend=vllm; every rank holds the same weights)."""
+        if self.rank == 0:
+            from search_r1.trainer.vllm_rollout import save_rollout_weights
+
+            save_rollout_weights(self.model, path)
+
     def _all_reduce_grads(self) -> None:
         """Sum gradients over ranks in one flat buffer (each rank's loss is already / global count)."""
         if self.world_size == 1:

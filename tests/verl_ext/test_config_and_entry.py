@@ -53,7 +53,8 @@ def test_verls_own_validation_and_typed_configs_accept_it():
     assert algo.adv_estimator == "grpo" and actor.clip_ratio_c == 1e9
 
 
-@pytest.mark.parametrize("path", sorted(CONFIG.parent.glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(CONFIG.parent.rglob("*.yaml")),
+                         ids=lambda p: str(p.relative_to(CONFIG.parent)))
 def test_every_field_has_a_comment_above_it(path):
     """As verl's CI requires of its own YAML: every field of every shipped verl config has a comment
     line right above it. Keys that only open a block of other keys (`actor:`) are exempt; their
@@ -160,6 +161,9 @@ def test_script_routes_each_case(tmp_path):
     assert route(tmp_path, "--dry-run", "--config-name", "grpo_verl") == \
         ["-m", "verl_ext.main", "--dry-run", "--config-name", "grpo_verl"]
     assert route(tmp_path, "--config-name=grpo_verl_cpu", gpus=2) == ["-m", "verl_ext.main", "--config-name=grpo_verl_cpu"]
+    # *_cpu_* configs are CPU configs too: no GPU count added
+    assert route(tmp_path, "--config-name", "grpo_verl_cpu_vllm", gpus=2) == \
+        ["-m", "verl_ext.main", "--config-name", "grpo_verl_cpu_vllm"]
 
 
 def test_offline_mode_only_on_the_cpu_paths(tmp_path):

@@ -10,6 +10,10 @@ run asks for it with `VERL_PLATFORM=cpu` and `actor_rollout_ref.rollout.name=hf`
     rollout replica "hf"    verl_ext.cpu.replica   -> verl.workers.rollout.replica.RolloutReplicaRegistry
     rollout adapter "hf"    verl_ext.cpu.replica   -> verl.workers.rollout.base._ROLLOUT_REGISTRY
                             (both when the `verl.workers.rollout` package is imported)
+    rollout replica "vllm"  verl_ext.cpu.vllm_replica -> RolloutReplicaRegistry, wrapping verl's own:
+                            on the CPU platform verl's vLLM replica with a CPU weight-sync fix
+                            (verl_ext.cpu.vllm_server / vllm_worker; needs the vLLM-on-CPU env,
+                            docs/vllm_cpu.md), verl's unchanged elsewhere
     CPU hybrid worker       verl_ext.cpu.worker    (picked by the trainer: cpu_role_worker_mapping)
     config resolvers        ${search_r1_model:NAME} -> local HF dir of a search_r1.models alias/path
                             ${search_r1_synth:SPLIT} -> parquet of the default synthetic world
@@ -17,7 +21,7 @@ run asks for it with `VERL_PLATFORM=cpu` and `actor_rollout_ref.rollout.name=hf`
                                 (search_r1.trainer.warmstart) with the config's `warmstart:` group,
                                 data.train_files and search_r1 retriever/limits; cached
 
-It imports no vllm and no model code.
+It imports no vllm and no model code (the vLLM replica imports vllm only when a run builds it).
 
     bash scripts/train_grpo.sh --config-name grpo_verl_cpu
 """
@@ -34,6 +38,7 @@ def register() -> None:
     if PlatformRegistry.get(PLATFORM_NAME) is None:
         PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)
     register_after_import("verl.workers.rollout", "verl_ext.cpu.replica")
+    register_after_import("verl.workers.rollout", "verl_ext.cpu.vllm_replica")
     _register_resolvers()
 
 

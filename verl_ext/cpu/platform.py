@@ -17,6 +17,7 @@ What verl asks of a platform and why the answers are these:
   RNG-state calls verl makes through `get_torch_device()`; `CPU_DEVICE_MODULE` adds them with
   CPU meanings (no cache to empty, process RSS as "allocated", the CPU RNG state).
 - `communication_backend_name` "gloo": torch's only CPU collective backend.
+- `rollout_env_vars()`: vLLM's CPU thread binding for verl's vLLM server actors (the method says why).
 - `ray_resource_name` "GPU": verl's resource pools always ask Ray for accelerators
   (`ResourcePoolManager.create_resource_pool` passes `use_gpu=True`, `_check_resource_available`
   counts "GPU"/"NPU"). Starting Ray with `num_gpus=N` creates N *logical* GPU slots that only
@@ -158,11 +159,41 @@ class PlatformCPU(PlatformBase):
     def ray_noset_envvars(self) -> list[str]:
         return []
 
+    def rollout_env_vars(self) -> dict[str, str]:
+        """Environment of verl's rollout server actors (`vLLMReplica.launch_servers` puts it in their
+        runtime_env, so the vLLM engine and worker processes inherit it).
+
+        vLLM's CPU worker binds its OpenMP threads to `VLLM_CPU_OMP_THREADS_BIND`. The default, "auto",
+        takes one logical CPU per physical core of one NUMA node and keeps
+        `VLLM_CPU_NUM_OF_RESERVED_CPU` (1 on x86) of them free for vLLM's scheduler process: on a
+        2-core host generation gets one core. In verl's sync trainer the training workers wait while
+        the rollout generates, so the rollout gets every core this process may run on and none
+        reserved. Values set in the environment win (e.g. `0-3|4-7` for tensor parallel 2).
+        """
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        return {
+            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", cpu_list_spec(cores)),
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"),
+        }
+
     def is_ipc_supported(self) -> bool:
         return False
 
     def cudart(self) -> Any:
         return None
+
+
+def cpu_list_spec(cores: list[int]) -> str:
+    """Sorted CPU ids -> vLLM's list syntax with ranges: [0, 1, 2, 5] -> "0-2,5"."""
+    if not cores:
+        raise ValueError("cpu_list_spec: no CPU ids (is the process's CPU affinity empty?)")
+    runs = [[cores[0], cores[0]]]
+    for core in cores[1:]:
+        if core == runs[-1][1] + 1:
+            runs[-1][1] = core
+        else:
+            runs.append([core, core])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def is_cpu_platform() -> bool:

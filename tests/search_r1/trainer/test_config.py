@@ -64,6 +64,12 @@ def test_hydra_overrides_reach_the_dataclasses():
     (["data.dir=/no/such/dir"], ["data.dir", "train.parquet", "auto"]),
     (["retriever.url=localhost:8000"], ["retriever.url", "http://"]),
     (["trainer.loggers=[console,mlflow]"], ["loggers", "mlflow", "wandb"]),
+    (["model.compute_dtype=fp16"], ["model.compute_dtype", "'fp16'", "'auto'"]),
+    (["warmstart.format=chat"], ["warmstart.format", "'no_search'", "'rag'"]),
+    (["warmstart.two_hop_share=0.5", "rollout.max_turns=1"], ["warmstart.two_hop_share", "rollout.max_turns=2"]),
+    (["rollout.backend=sglang"], ["rollout.backend", "'hf'", "'vllm'"]),
+    (["rollout.backend=vllm", "rollout.vllm_python=/no/such/python"],
+     ["no python with vLLM", "/no/such/python", "make install-vllm", "rollout.backend=hf"]),
 ])
 def test_bad_config_fails_fast_naming_key_and_fix(overrides, fragments):
     with pytest.raises(ValueError) as err:  # paths are checked at start-up, the rest when parsing

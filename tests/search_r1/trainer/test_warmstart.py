@@ -65,8 +65,46 @@ def test_loss_mask_covers_exactly_the_generated_tokens(demos, tokenizer):
 def test_bad_settings_fail_naming_the_fix(tokenizer, client, synth_world):
     with pytest.raises(ValueError, match="max_tokens_per_turn"):
         build_demos(tokenizer, client, [synth_world / "train.parquet"], 4, 0, OBS, max_tokens_per_turn=3)
-    with pytest.raises(ValueError, match="warmstart.enabled=false"):
-        build_demos(tokenizer, client, [synth_world / "train.parquet"], 4, 0, OBS, TURN, protocol="json")
+    with pytest.raises(ValueError, match="warmstart.format='chat'.*allowed"):
+        build_demos(tokenizer, client, [synth_world / "train.parquet"], 4, 0, OBS, TURN, fmt="chat")
+    with pytest.raises(ValueError, match="unknown protocol"):
+        build_demos(tokenizer, client, [synth_world / "train.parquet"], 4, 0, OBS, TURN, protocol="xml")
+
+
+def test_two_hop_demos_search_the_bridge_then_its_attribute(tokenizer, client, synth_world):
+    import pandas as pd
+
+    rows = {r["question"]: r["extra_info"] for r in pd.read_parquet(synth_world / "train.parquet").to_dict("records")}
+    demos = build_demos(tokenizer, client, [synth_world / "train.parquet"], n_examples=8, seed=0,
+                        max_obs_length=OBS, max_tokens_per_turn=TURN, two_hop_share=0.5)
+    assert sorted(d.hops for d in demos) == [1] * 4 + [2] * 4
+    for d in (d for d in demos if d.hops == 2):
+        extra, text = rows[d.question], d.response_text
+        assert check_format_correctness(text) == 0.5
+        assert compute_reward(text, list(d.golden_answers)) == 2.5
+        queries = re.findall(r"<search> (.*?) </search>", text)
+        assert queries == [d.question, extra["follow_up"]] and extra["bridge"] in extra["follow_up"]
+        info = re.findall(r"<information>(.*?)</information>", text, re.DOTALL)
+        assert len(info) == 2 and extra["bridge"] in info[0]  # the bridge is read from the first search
+        assert any(g.lower() in info[1].lower() for g in d.golden_answers)  # the answer from the second
+        # three policy turns: search, search, answer; both observations masked
+        policy = tokenizer.decode([t for t, m in zip(d.input_ids, d.loss_mask) if m])
+        assert policy.count("<search>") == 2 and "<information>" not in policy
+
+
+@pytest.mark.parametrize("fmt", ["no_search", "rag"])
+def test_baseline_demos_use_the_eval_prompt_and_answer_in_one_turn(fmt, tokenizer, client, synth_world):
+    from search_r1.prompts import apply_chat_template, baseline_messages, rag_documents
+
+    demos = build_demos(tokenizer, client, [synth_world / "train.parquet"], n_examples=4, seed=0,
+                        max_obs_length=OBS, max_tokens_per_turn=TURN, fmt=fmt, two_hop_share=0.5)
+    assert sorted(d.hops for d in demos) == [1, 1, 2, 2]
+    for d in demos:
+        docs = rag_documents(tokenizer, client.batch_search([d.question]), OBS)[0] if fmt == "rag" else None
+        assert list(d.input_ids[: d.prompt_length]) == apply_chat_template(tokenizer, baseline_messages(d.question, docs))
+        assert all(d.loss_mask[d.prompt_length:])  # no observation: the whole response is the policy's
+        assert "<search>" not in d.response_text and check_format_correctness(d.response_text) == 0.5
+        assert compute_reward(d.response_text, list(d.golden_answers)) == 2.5
 
 
 @pytest.mark.parametrize("agent_prompt", [False, True])

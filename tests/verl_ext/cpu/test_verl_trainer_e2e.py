@@ -48,9 +48,11 @@ def number(text: str) -> float:
     return float(re.sub(r"^np\.\w+\((.*)\)$", r"\1", text))
 
 
-def run_trainer(overrides: list[str], log_path: Path, timeout: float) -> tuple[int, str, float, float]:
-    # The documented command; the script sets VERL_PLATFORM=cpu for *_cpu configs and runs verl_ext.main.
-    cmd = ["bash", str(REPO / "scripts" / "train_grpo.sh"), "--config-name", "grpo_verl_cpu", *overrides]
+def run_trainer(overrides: list[str], log_path: Path, timeout: float,
+                config: str = "grpo_verl_cpu") -> tuple[int, str, float, float]:
+    # The documented command; the script sets VERL_PLATFORM=cpu for *_cpu configs and runs verl_ext.main
+    # with this interpreter (PYTHON).
+    cmd = ["bash", str(REPO / "scripts" / "train_grpo.sh"), "--config-name", config, *overrides]
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "RAY_DEDUP_LOGS": "0", "PYTHONPATH": str(REPO)}
     env.pop("VERL_PLATFORM", None)

@@ -1,0 +1,35 @@
+"""RunAlarms on hand-made metric streams: each alarm fires once when its window crosses, clears after."""
+from search_r1.trainer.alarms import RunAlarms
+
+
+def step(em, kl):
+    return {"reward/em": em, "actor/kl_loss": kl}
+
+
+def test_drift_needs_a_full_window_above_the_threshold():
+    alarms = RunAlarms(kl=0.1, window=3)
+    assert alarms.check(step(0.5, 0.5)) == []  # one step: no full window yet
+    assert alarms.check(step(0.5, 0.0)) == []
+    got = alarms.check(step(0.5, 0.0))  # mean (0.5 + 0 + 0) / 3 = 0.167 > 0.1
+    assert len(got) == 1 and got[0].startswith("ALARM (drift)") and "0.167" in got[0]
+    m = step(0.5, 0.3)  # last three (0, 0, 0.3): 0.1 is not above 0.1 -> cleared, once
+    assert alarms.check(m) == ["alarm cleared (drift)"] and m["alarm/drift"] == 0.0
+    assert alarms.check(step(0.5, 0.0)) == []
+
+
+def test_reward_fall_compares_the_last_window_with_the_first():
+    alarms = RunAlarms(kl=0, window=2)  # kl 0: the drift alarm is off
+    for em in (0.6, 0.6, 0.5):
+        assert alarms.check(step(em, 1.0)) == []
+    got = alarms.check(step(0.2, 1.0))  # last two: 0.35 >= 0.3 -> no
+    assert got == []
+    got = alarms.check(step(0.1, 1.0))  # last two: 0.15 < 0.3 = half of 0.6
+    assert len(got) == 1 and "fell from 0.600" in got[0] and "0.150" in got[0]
+
+
+def test_validation_alarm_uses_the_binomial_standard_error():
+    alarms = RunAlarms()
+    assert alarms.check({"val/em": 0.6, "val/n": 64.0}) == []
+    assert alarms.check({"val/em": 0.5, "val/n": 64.0}) == []  # 0.1 < 2 se (~0.17)
+    got = alarms.check({"val/em": 0.16, "val/n": 64.0})
+    assert len(got) == 1 and got[0].startswith("ALARM (validation)")
