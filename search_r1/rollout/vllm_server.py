@@ -4,10 +4,10 @@ Used by the embedded trainer's vLLM rollout (`rollout.backend=vllm`, search_r1/t
 and by the vLLM-on-CPU tests. vLLM lives in its own environment on CPU (`.venv-vllm`, docs/vllm_cpu.md),
 so the server runs with that environment's interpreter, not necessarily this one.
 
-    server = VLLMServer("/models/policy", log_path="vllm.log", python=find_vllm_python("auto"))
+    server = VLLMServer("/models/policy", log_path="vllm.log", python=find_vllm_python("auto"), weight_sync=True)
     server.start()                          # raises ServerStartError with the log's tail on failure
     server.base_url                         # http://127.0.0.1:PORT  (OpenAI API: /v1/completions)
-    server.load_weights("/dev/shm/w.safetensors")   # needs weight_sync=True (see below)
+    server.load_weights("/dev/shm/w.safetensors")   # new weights into the running engine (see below)
     server.stop()
 
 The server gets its own process group (the API server spawns an engine and a worker process; stopping
