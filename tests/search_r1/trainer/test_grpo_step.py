@@ -128,7 +128,7 @@ def test_resume_applies_free_settings_and_refuses_state_bound_ones(make_trainer,
                                algorithm={"kl_coef": 0.02}))
     assert free.maybe_resume() == 3
     # lr (AdamW state), batch shape (data loader) and seed: refused, naming key, both values and the fix
-    for sections, key, old, new in [({"optim": {"lr": 2e-5}}, "optim.lr", "1e-05", "2e-05"),
+    for sections, key, old, new in [({"optim": {"lr": 2e-5}}, "optim.lr", "3e-06", "2e-05"),
                                     ({"trainer": {"batch_size": 4, "mini_batch_size": 4}}, "trainer.batch_size", "2", "4"),
                                     ({"rollout": {"n": 4}}, "rollout.n", "2", "4"),
                                     ({"warmstart": {"steps": 7}}, "warmstart.steps", "6", "7")]:
