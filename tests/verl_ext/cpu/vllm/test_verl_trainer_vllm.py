@@ -28,8 +28,11 @@ from tests.verl_ext.cpu.vllm.servers import NO_VLLM, vllm_config_overrides
 pytest.importorskip("vllm", reason=NO_VLLM)
 
 # Rollout vs actor, both float32, different kernels (vLLM's oneDNN GEMMs and CPU attention vs torch's
-# sdpa): measured 1.6e-6 / 1.7e-6 here. A missed sync after one update (lr 1e-5) reads 1.7e-2.
+# sdpa): measured 1.6e-6 / 1.7e-6 here. A missed sync after one update (lr 1e-5) read 1.7e-2 and
+# 1.6e-3 in two runs (how far one update moves depends on the warm-started model and the batch): a
+# dropped sync leaves the rollout at least UNSYNCED_MARGIN x the tolerance off, failing the check.
 SYNCED_TOLERANCE = 1e-4
+UNSYNCED_MARGIN = 5
 
 
 @pytest.mark.slow
@@ -73,7 +76,7 @@ def test_verl_trainer_with_the_vllm_rollout_two_steps(synth_world, retriever_ser
     # Before the first update actor == reference; after it, a rollout without the sync would be off
     # by far more than the tolerance (so the check above fails when the sync is dropped).
     assert number(steps[1]["sync/unsynced_log_ppl_abs_diff"]) == 0.0
-    assert number(steps[2]["sync/unsynced_log_ppl_abs_diff"]) > 20 * SYNCED_TOLERANCE
+    assert number(steps[2]["sync/unsynced_log_ppl_abs_diff"]) > UNSYNCED_MARGIN * SYNCED_TOLERANCE
     # K3 KL to the reference: 0 before the first update, positive after (the weights moved).
     assert number(steps[1]["actor/kl_loss"]) == 0.0 < number(steps[2]["actor/kl_loss"])
     # GRPO had a signal: rewards differ inside some group (non-zero advantages of both signs).
