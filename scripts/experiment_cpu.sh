@@ -31,13 +31,15 @@
 #
 # Resources: 2 CPU cores, < 8 GB RAM, no GPU, no network. Budget: at most 120 minutes with the world,
 # index and warm-starts cached (README "Does it learn?" has the measured time and what each knob saves).
-# Environment knobs: EXP_RECIPE (the overrides above), EXP_OUT (outputs/experiment_cpu), EXP_SEEDS ("0 1 2"), EXP_DTYPES ("auto"),
-# EXP_STEPS (trainer.total_steps of the config), EXP_DEMO_STEPS (the demo's step count: a dev validation
-# at that step shows where `make demo` ends), EXP_DEV_PER_SOURCE (100), EXP_DEV_VAL (dev questions per
-# validation, 0 = all), EXP_TEST (1), EXP_TEST_LIMIT (0 = all test questions), EXP_TEST_PER_SOURCE (0 = all; N = the
-# first N of a seeded shuffle per data source), EXP_EVAL_BATCH (32), EXP_THREADS (2), EXP_BACKEND (auto: vllm when .venv-vllm
-# exists), EXP_REUSE (1: a
-# finished GRPO run with the same arguments is not trained again), PYTHON.
+# Environment knobs (default in parentheses):
+#   EXP_RECIPE (the overrides above)        EXP_OUT (outputs/experiment_cpu)     EXP_SEEDS ("0 1 2")
+#   EXP_DTYPES ("auto")                     EXP_STEPS (the recipe's trainer.total_steps)
+#   EXP_DEMO_STEPS (5: dev validation every N steps)   EXP_DEV_PER_SOURCE (100 dev questions per source)
+#   EXP_DEV_VAL (64: dev questions per validation, the first N of the source-interleaved split; 0 = all)
+#   EXP_TEST (1)   EXP_TEST_PER_SOURCE (100: a seeded sample per data source; 0 = all 435)
+#   EXP_TEST_LIMIT (0: no overall cap)      EXP_EVAL_BATCH (32)     EXP_THREADS (2)
+#   EXP_BACKEND (auto: vllm when .venv-vllm or $SEARCH_R1_VLLM_PYTHON exists, else hf)
+#   EXP_REUSE (1: a finished GRPO run trained with the same arguments is not trained again)   PYTHON
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,12 +64,12 @@ set -- rollout.backend="$BACKEND" "${RECIPE[@]}" "$@"
 OUT="${EXP_OUT:-outputs/experiment_cpu}"
 SEEDS="${EXP_SEEDS:-0 1 2}"
 DTYPES="${EXP_DTYPES:-auto}"
-DEMO_STEPS="${EXP_DEMO_STEPS:-10}"
+DEMO_STEPS="${EXP_DEMO_STEPS:-5}"
 DEV_PER_SOURCE="${EXP_DEV_PER_SOURCE:-100}"
-DEV_VAL="${EXP_DEV_VAL:-0}"
+DEV_VAL="${EXP_DEV_VAL:-64}"
 TEST="${EXP_TEST:-1}"
 TEST_LIMIT="${EXP_TEST_LIMIT:-0}"
-TEST_PER_SOURCE="${EXP_TEST_PER_SOURCE:-0}"
+TEST_PER_SOURCE="${EXP_TEST_PER_SOURCE:-100}"
 REUSE="${EXP_REUSE:-1}"
 EVAL_BATCH="${EXP_EVAL_BATCH:-32}"
 THREADS="${EXP_THREADS:-2}"
@@ -197,7 +199,7 @@ from pathlib import Path
 
 demo_step, runs = int(sys.argv[1]), [Path(p) for p in sys.argv[2:]]
 print("### Dev EM (greedy validation by the trainer), per run\n")
-print(f"| run | dtype | before | at step {demo_step} (`make demo`) | after | two-hop before -> after | no lower than before |")
+print(f"| run | dtype | before | at step {demo_step} | after | two-hop before -> after | no lower than before |")
 print("|---|---|---|---|---|---|---|")
 before = {}
 for run in runs:
