@@ -154,8 +154,8 @@ for _ in range(240):
 sys.exit(f"[experiment] the retriever at {sys.argv[1]} did not become healthy; see its log")
 PY
 echo "[experiment] retriever serving ${SETUP[INDEX]} at $URL (log: $OUT/retriever.log)"
-# Every run of this experiment trains on train-minus-dev and validates on dev; the command line's
-# overrides come last and win.
+# Every run of this experiment trains on train-minus-dev and validates on dev (these and the knobs'
+# settings come after the overrides, so they win).
 COMMON=("data.train_files=['$TRAIN']" "data.test_files=['$DEV']" data.val_size="$DEV_VAL" retriever.url="$URL")
 
 phase "2/5 format warm-starts (search, no_search, rag; dtypes: $DTYPES)"
@@ -163,8 +163,8 @@ declare -A WS
 for dtype in $DTYPES; do
   for fmt in search no_search rag; do
     if [[ "$fmt" != search && ( "$TEST" != 1 || "$dtype" != "${DTYPES%% *}" ) ]]; then continue; fi
-    WS[$fmt/$dtype]="$(helper warmstart "$URL" "${COMMON[@]}" warmstart.format="$fmt" model.compute_dtype="$dtype" \
-                       model.rollout_dtype="$dtype" "$@" | tail -n 1)"
+    WS[$fmt/$dtype]="$(helper warmstart "$URL" "$@" "${COMMON[@]}" warmstart.format="$fmt" model.compute_dtype="$dtype" \
+                       model.rollout_dtype="$dtype" | tail -n 1)"
     echo "[experiment] warm-start $fmt ($dtype): ${WS[$fmt/$dtype]}"
   done
 done
@@ -176,10 +176,11 @@ for dtype in $DTYPES; do
   for seed in $SEEDS; do
     run="$OUT/grpo_${dtype}_seed$seed"
     # Validation before training is the same greedy pass for every seed: the first seed of a dtype runs it.
-    args=(trainer.experiment_name="exp_cpu_${dtype}_seed$seed" trainer.output_dir="$run" trainer.seed="$seed"
+    # The overrides first: what the script sets from its knobs (steps, seed, dtype, dev split) wins.
+    args=("$@" trainer.experiment_name="exp_cpu_${dtype}_seed$seed" trainer.output_dir="$run" trainer.seed="$seed"
           trainer.resume=none trainer.total_steps="$STEPS" trainer.val_before_train=$([[ $first == 1 ]] && echo true || echo false)
           trainer.test_freq="$DEMO_STEPS" trainer.save_freq=0 trainer.keep_last=1 model.compute_dtype="$dtype"
-          model.rollout_dtype="$dtype" "${COMMON[@]}" "$@")
+          model.rollout_dtype="$dtype" "${COMMON[@]}")
     # A finished run trained with exactly these arguments (the retriever's port aside) is reused, so a
     # dev-only pass (EXP_TEST=0) followed by the full run trains each seed once; EXP_REUSE=0 retrains.
     record="$(printf '%s\n' "${args[@]}" | grep -v '^retriever.url=')"

@@ -1,0 +1,59 @@
+"""scripts/experiment_cpu.sh end to end on a tiny model: every phase runs and writes what the README
+reads, and a finished GRPO run is reused only when its arguments are unchanged."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+TINY = ["model.name=tiny-random-qwen3", "warmstart.steps=1", "warmstart.n_examples=4", "trainer.n_workers=1",
+        "trainer.threads_per_worker=1"]
+
+
+def run_experiment(out, world, home, *overrides, **knobs):
+    env = {**os.environ, "PYTHON": sys.executable, "SEARCH_R1_HOME": str(home), "EXP_OUT": str(out),
+           "EXP_BACKEND": "hf", "EXP_SEEDS": "0", "EXP_STEPS": "1", "EXP_DEV_PER_SOURCE": "4",
+           "EXP_DEV_VAL": "4", "EXP_TEST_PER_SOURCE": "2", "EXP_EVAL_BATCH": "4", "EXP_THREADS": "1",
+           **{k: str(v) for k, v in knobs.items()}}
+    env.pop("SEARCH_R1_VLLM_PYTHON", None)
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "experiment_cpu.sh"), f"data.dir={world}", *TINY,
+                           *overrides], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world, tmp_path):
+    world = tmp_path / "world"  # the script builds the BM25 index inside the data directory
+    shutil.copytree(synth_world, world)
+    out, home = tmp_path / "out", tmp_path / "home"
+
+    log = run_experiment(out, world, home)
+    assert "rollout.backend=hf" in log
+    for arm in ("no-search", "rag", "warm-start", "grpo-s0"):
+        results = json.loads((out / "eval" / "test" / arm / "results.json").read_text())
+        per_source = results["metrics"]["per_source"]
+        assert {s: m["n"] for s, m in per_source.items()} == {"synth_nq": 2, "synth_hotpotqa": 2}, arm
+    comparison = (out / "comparison.md").read_text()
+    assert "### Verdicts" in comparison and "two-hop EM above the baseline" in comparison
+    assert "| grpo_auto_seed0 |" in (out / "dev.md").read_text()
+    assert set(json.loads((out / "comparison.json").read_text())["arms"]) >= {"rag", "grpo"}
+    assert (out / "comparison.png").stat().st_size > 0
+    run = out / "grpo_auto_seed0"
+    record = (run / "exp_args.txt").read_text()
+    assert "trainer.seed=0" in record and "retriever.url" not in record  # the port changes every run
+
+    # Same arguments: the finished run is reused, not retrained (its metrics are untouched).
+    before = (run / "metrics.jsonl").read_text()
+    log = run_experiment(out, world, home, EXP_TEST=0)
+    assert "reusing the finished run" in log
+    assert (run / "metrics.jsonl").read_text() == before
+
+    # A changed setting retrains: reusing would report a model trained under other settings.
+    log = run_experiment(out, world, home, "optim.lr=2e-5", EXP_TEST=0)
+    assert "reusing the finished run" not in log
+    assert "optim.lr=2e-5" in (run / "exp_args.txt").read_text()
