@@ -38,7 +38,7 @@
 #   EXP_DEV_VAL (64: dev questions per validation, the first N of the source-interleaved split; 0 = all)
 #   EXP_TEST (1)   EXP_TEST_PER_SOURCE (100: a seeded sample per data source; 0 = all 435)
 #   EXP_TEST_LIMIT (0: no overall cap)      EXP_EVAL_BATCH (32)     EXP_THREADS (2)
-#   EXP_BACKEND (auto: vllm when .venv-vllm or $SEARCH_R1_VLLM_PYTHON exists, else hf)
+#   EXP_BACKEND (auto: vllm when the trainer's lookup finds a python with vLLM, else hf)
 #   EXP_REUSE (1: a finished GRPO run trained with the same arguments is not trained again)   PYTHON
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,11 +55,16 @@ export PYTHON HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=fal
 # measured (GRPO did not raise two-hop EM) and what was tried. EXP_RECIPE replaces it; the command
 # line's overrides come after it and win.
 read -r -a RECIPE <<<"${EXP_RECIPE:-rollout.max_turns=2 rollout.max_response_length=400 rollout.max_tokens_per_turn=64 warmstart.two_hop_share=0.5 warmstart.steps=12 warmstart.batch_size=8 rollout.n=8 optim.lr=1e-5 trainer.total_steps=15}"
-# The sampler: vLLM (3x the HF sampler's rollout speed here, README "Benchmarks") when a vLLM
-# interpreter exists (`make install-vllm`, or $SEARCH_R1_VLLM_PYTHON), else HF. EXP_BACKEND=hf|vllm forces one.
+# The sampler: vLLM (3x the HF sampler's rollout speed here, README "Benchmarks") when the trainer's
+# own lookup (rollout.vllm_python=auto: this python, $SEARCH_R1_VLLM_PYTHON, .venv-vllm from `make
+# install-vllm`) finds an interpreter with vLLM, else HF. EXP_BACKEND=hf|vllm forces one.
 BACKEND="${EXP_BACKEND:-auto}"
 if [[ "$BACKEND" == auto ]]; then
-  if [[ -x .venv-vllm/bin/python || -n "${SEARCH_R1_VLLM_PYTHON:-}" ]]; then BACKEND=vllm; else BACKEND=hf; fi
+  if "$PYTHON" -c 'from search_r1.rollout.vllm_server import find_vllm_python; find_vllm_python()' 2>/dev/null; then
+    BACKEND=vllm
+  else
+    BACKEND=hf
+  fi
 fi
 echo "[experiment] rollout.backend=$BACKEND (EXP_BACKEND=hf|vllm to choose)"
 set -- rollout.backend="$BACKEND" "${RECIPE[@]}" "$@"
