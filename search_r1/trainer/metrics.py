@@ -46,6 +46,30 @@ PLOT_PANELS = (
 )
 
 
+def per_source_training_metrics(sources: Sequence[str], em: Sequence[float], advantages: Sequence[float],
+                                scores: Sequence[float]) -> dict[str, float]:
+    """Training-batch statistics split by data source (one entry per trajectory, N of them).
+
+    Returns, for every source s present, with N_s its trajectories:
+      reward/<s>/em              = mean EM over the N_s trajectories,
+      reward/<s>/mean            = mean training reward,
+      adv/<s>/zero_group_share   = share of the N_s trajectories whose GRPO advantage is exactly 0
+                                   (their whole group scored alike, so they carry no gradient).
+    Why: a batch mixing single-hop and two-hop questions can show a healthy overall zero-advantage
+    share while every two-hop group is uniform, and only the split shows which kind is learning.
+    """
+    if not (len(sources) == len(em) == len(advantages) == len(scores)):
+        raise ValueError(f"per_source_training_metrics: lengths differ (sources {len(sources)}, em {len(em)}, "
+                         f"advantages {len(advantages)}, scores {len(scores)})")
+    out: dict[str, float] = {}
+    for source in sorted(set(map(str, sources))):
+        idx = [i for i, s in enumerate(sources) if str(s) == source]
+        out[f"reward/{source}/em"] = sum(float(em[i]) for i in idx) / len(idx)
+        out[f"reward/{source}/mean"] = sum(float(scores[i]) for i in idx) / len(idx)
+        out[f"adv/{source}/zero_group_share"] = sum(float(advantages[i]) == 0.0 for i in idx) / len(idx)
+    return out
+
+
 def _scalar(value):
     """A float for numbers (bools, ints, numpy and 0-d torch values included); None otherwise."""
     if isinstance(value, bool):

@@ -36,6 +36,7 @@ from search_r1.rewards import check_format_correctness, em_score, get_reward_fn
 from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager
 from search_r1.trainer.alarms import RunAlarms
 from search_r1.trainer.config import TrainConfig
+from search_r1.trainer.metrics import per_source_training_metrics
 from search_r1.trainer.workers import WorkerGroupGenerator, arrange_for_dp, worker_seconds
 
 log = logging.getLogger(__name__)
@@ -213,6 +214,10 @@ class RayGRPOTrainer:
         self._write_samples(batch, scores, texts)
         metrics["adv/abs_mean"] = float(adv.abs().mean())
         metrics["adv/zero_group_share"] = float((adv == 0).float().mean())
+        golds = batch.non_tensor_batch["golden_answers"]
+        metrics.update(per_source_training_metrics(
+            batch.non_tensor_batch["data_source"], [em_score(t, list(g)) for t, g in zip(texts, golds)],
+            adv.tolist(), scores))
         return metrics
 
     # -- rewards ------------------------------------------------------------------------------------

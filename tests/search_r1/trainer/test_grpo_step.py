@@ -83,7 +83,7 @@ def scripted_step(trainer: RayGRPOTrainer):
     trainer.generator = gen
     metrics = trainer.train_step(batch, step=1)
     tokens = [len(trainer.tokenizer(t, add_special_tokens=False)["input_ids"]) for row in texts for t in row]
-    return metrics, tokens
+    return metrics, tokens, [str(s) for s in batch.non_tensor_batch["data_source"]]
 
 
 def test_place_on_last_token_puts_each_score_on_the_last_generated_token():
@@ -100,7 +100,7 @@ def test_place_on_last_token_puts_each_score_on_the_last_generated_token():
 def test_grpo_step_with_known_rewards_gives_the_hand_computed_advantages_and_loss(make_trainer, synth_world,
                                                                                    tmp_path, std, eps):
     trainer = make_trainer(config(synth_world, tmp_path, algorithm={"grpo_std": std, "eps": eps}))
-    m, tokens = scripted_step(trainer)
+    m, tokens, sources = scripted_step(trainer)
     # em rewards [1, 0 | 1, 1]; group 0: mean 0.5, deviations +-0.5, std 0.5 (population) or
     # sqrt(0.5) (unbiased, n - 1 = 1); group 1 is constant: advantage 0 for both samples
     a = 0.5 / ((0.5 if std == "population" else math.sqrt(0.5)) + eps)
@@ -108,6 +108,13 @@ def test_grpo_step_with_known_rewards_gives_the_hand_computed_advantages_and_los
     assert m["reward/mean"] == 0.75 and m["reward/em"] == 0.75 and m["reward/format_valid"] == 1.0  # a bare answer block is well formed
     assert m["adv/abs_mean"] == pytest.approx(2 * a / 4, rel=1e-6)
     assert m["adv/zero_group_share"] == 0.5
+    # per data source: prompt 0 (em [1, 0], informative) and prompt 1 (em [1, 1], uniform group)
+    if sources[0] == sources[1]:
+        expected = {sources[0]: (0.75, 0.5)}
+    else:
+        expected = {sources[0]: (0.5, 0.0), sources[1]: (1.0, 1.0)}
+    for source, (em, zero) in expected.items():
+        assert (m[f"reward/{source}/em"], m[f"adv/{source}/zero_group_share"]) == (em, zero), source
     # first update on-policy (ratio 1) and the reference is the policy: pg = -token_mean(A), KL 0
     assert m["actor/update_tokens"] == sum(tokens)
     assert m["actor/pg_loss"] == pytest.approx(-sum(x * n for x, n in zip(adv, tokens)) / sum(tokens), rel=1e-5)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from search_r1.trainer.metrics import MetricsLogger, plot_training_curves, read_metrics
+from search_r1.trainer.metrics import (MetricsLogger, per_source_training_metrics, plot_training_curves,
+                                      read_metrics)
 
 
 def _fake_run(n=6):
@@ -160,3 +161,19 @@ def test_plot_has_a_panel_for_the_rollout_vs_old_gap(tmp_path):
     p.write_text("".join(json.dumps({"step": s, "reward/mean": s / 10, "training/rollout_log_probs_diff_mean": 0.01})
                          + "\n" for s in range(3)))
     assert mpimg.imread(plot_training_curves(p, tmp_path / "two.png")).shape[:2] == (300, 840)  # two panels
+
+
+def test_per_source_training_metrics_hand_computed():
+    # two groups of 2: a two-hop group scored alike (advantage 0), a single-hop group that differs
+    sources = ["synth_hotpotqa", "synth_hotpotqa", "synth_nq", "synth_nq"]
+    out = per_source_training_metrics(sources, em=[0, 0, 1, 0], advantages=[0.0, 0.0, 0.7, -0.7],
+                                      scores=[0.5, 0.5, 2.5, 0.5])
+    assert out == {
+        "reward/synth_hotpotqa/em": 0.0, "reward/synth_hotpotqa/mean": 0.5, "adv/synth_hotpotqa/zero_group_share": 1.0,
+        "reward/synth_nq/em": 0.5, "reward/synth_nq/mean": 1.5, "adv/synth_nq/zero_group_share": 0.0,
+    }
+
+
+def test_per_source_training_metrics_rejects_mismatched_lengths():
+    with pytest.raises(ValueError, match="lengths differ"):
+        per_source_training_metrics(["a", "b"], em=[1], advantages=[0.0, 0.0], scores=[1.0, 1.0])
