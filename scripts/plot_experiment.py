@@ -45,14 +45,22 @@ def main() -> None:
                                [f"{n}\n({arms[n][sources[0]]['runs']} run{'s' if arms[n][sources[0]]['runs'] > 1 else ''})"
                                 for n in names])
         axes[panel].set(title=title + ("; bars: ± half the seed spread" if panel == 0 else ""))
-    for path in runs:
-        rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows_of = {path: [json.loads(line) for line in path.read_text().splitlines()] for path in runs}
+    # The script validates the shared warm-start once (the first seed of a dtype, step 0): every
+    # seed of that dtype starts from it, so its curve starts there too.
+    start_of = {}
+    for path, rows in rows_of.items():
+        group = path.parent.name.removeprefix("grpo_").split("_seed")[0]
+        start_of.update({group: r for r in rows if "val/em" in r and r["step"] == 0})
+    for path, rows in rows_of.items():
+        label = path.parent.name.removeprefix("grpo_")
         train = [r for r in rows if "reward/mean" in r]
         val = [r for r in rows if "val/em" in r]
-        label = path.parent.name.removeprefix("grpo_")
+        if not any(r["step"] == 0 for r in val) and label.split("_seed")[0] in start_of:
+            val = [start_of[label.split("_seed")[0]]] + val
         axes[2].plot([r["step"] for r in train], [r["reward/mean"] for r in train], marker=".", label=label)
         axes[3].plot([r["step"] for r in val], [r["val/em"] for r in val], marker="o", label=label)
-    axes[2].set(title="training reward per step (sampled, T=1)", xlabel="GRPO step")
+    axes[2].set(title="training reward per step (sampled rollouts)", xlabel="GRPO step")
     axes[3].set(title="dev exact match (greedy, trainer validation)", xlabel="GRPO step")
     for ax in axes:
         ax.grid(alpha=0.3)
