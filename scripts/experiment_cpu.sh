@@ -40,6 +40,8 @@
 #   EXP_TEST_LIMIT (0: no overall cap)      EXP_EVAL_BATCH (32)     EXP_THREADS (2)
 #   EXP_BACKEND (auto: vllm when the trainer's lookup finds a python with vLLM, else hf)
 #   EXP_REUSE (1: a finished GRPO run trained with the same arguments is not trained again)   PYTHON
+#   EXP_GRPO_SOURCES (empty = all: data_sources GRPO trains on, e.g. synth_hotpotqa; the warm-start still
+#                     draws its demonstrations from every training question)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -160,8 +162,29 @@ sys.exit(f"[experiment] the retriever at {sys.argv[1]} did not become healthy; s
 PY
 echo "[experiment] retriever serving ${SETUP[INDEX]} at $URL (log: $OUT/retriever.log)"
 # Every run of this experiment trains on train-minus-dev and validates on dev (these and the knobs'
-# settings come after the overrides, so they win).
-COMMON=("data.train_files=['$TRAIN']" "data.test_files=['$DEV']" data.val_size="$DEV_VAL" retriever.url="$URL")
+# settings come after the overrides, so they win). EXP_GRPO_SOURCES keeps only those data_sources for
+# GRPO's prompts; the warm-start's demonstrations still come from every training question.
+GRPO_TRAIN="$TRAIN"
+if [[ -n "${EXP_GRPO_SOURCES:-}" ]]; then
+  GRPO_TRAIN="$OUT/data/train_grpo.parquet"
+  "$PYTHON" - "$TRAIN" "$GRPO_TRAIN" $EXP_GRPO_SOURCES <<'PY'
+import sys
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+table = pq.read_table(sys.argv[1])
+keep = table.filter(pc.is_in(table["data_source"], value_set=pa.array(sys.argv[3:])))
+if keep.num_rows == 0:
+    sys.exit(f"[experiment] EXP_GRPO_SOURCES={' '.join(sys.argv[3:])} matches no training question; "
+             f"sources present: {sorted(set(table['data_source'].to_pylist()))}")
+pq.write_table(keep, sys.argv[2])
+print(f"[experiment] GRPO prompts: {keep.num_rows} of {table.num_rows} training questions ({' '.join(sys.argv[3:])})")
+PY
+fi
+COMMON=("data.train_files=['$GRPO_TRAIN']" "warmstart.train_files=['$TRAIN']" "data.test_files=['$DEV']"
+        data.val_size="$DEV_VAL" retriever.url="$URL")
 
 phase "2/5 format warm-starts (search, no_search, rag; dtypes: $DTYPES)"
 declare -A WS

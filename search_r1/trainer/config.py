@@ -336,8 +336,12 @@ class WarmstartConfig:
     format: str = "search"
     # Seed of demonstration choice, batch order and torch.
     seed: int = 0
+    # Parquet files the demonstrations are drawn from; empty = data.train_files. Lets GRPO train on
+    # a subset (e.g. two-hop questions only) from a warm-start that saw every kind.
+    train_files: tuple[str, ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "train_files", tuple(self.train_files))
         for key in ("steps", "batch_size", "n_examples"):
             _check_range(f"warmstart.{key}", getattr(self, key), 1)
         _check_range("warmstart.lr", self.lr, 0, lo_open=True)

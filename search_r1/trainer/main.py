@@ -122,6 +122,11 @@ def check_paths(cfg: TrainConfig) -> None:
                     f"config data.{key} lists {f!r}, which does not exist. Fix: generate the data "
                     f"(`python -m search_r1.data.synth --out DIR`) or point data.{key} at existing "
                     f"parquet files, or leave it empty ([]) to use data.dir")
+    for f in cfg.warmstart.train_files:
+        if not Path(f).expanduser().is_file():
+            raise ValueError(f"config warmstart.train_files lists {f!r}, which does not exist. Fix: point it at "
+                             f"existing parquet files, or leave it empty ([]) to draw the demonstrations from "
+                             f"data.train_files")
     if d.dir != AUTO and not (d.train_files and d.test_files):
         for name in ("train.parquet", "test.parquet"):
             if not (Path(d.dir).expanduser() / name).is_file():
@@ -202,7 +207,7 @@ def warm_start(cfg: TrainConfig, data: DataPaths, search_engine, url: str | None
                   protocol=cfg.data.protocol, fmt=w.format, two_hop_share=w.two_hop_share,
                   compute_dtype=resolve_dtypes(cfg).model.compute_dtype,
                   threads=cfg.trainer.threads_per_worker)
-    files = [str(f) for f in data.train_files]
+    files = [str(Path(f).expanduser()) for f in w.train_files] or [str(f) for f in data.train_files]
     if url is None:
         return str(ensure_warmstart(cfg.model.name, search_engine, files, **kwargs)[0])
     import multiprocessing

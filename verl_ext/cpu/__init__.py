@@ -65,10 +65,11 @@ def warmstart_dir(name: str, *, _root_) -> str:
 
     Why: a model that never writes `<search>`/`<answer>` (tiny-random-qwen3) gets a constant reward
     and issues no searches, so a run shows neither GRPO advantages nor the retriever in use. The
-    project's warm-start (masked SFT on demonstrations built from data.train_files with passages
-    from the run's retriever, cut to search_r1.max_obs_length) fixes that; its settings come from the
-    config's `warmstart:` group (search_r1.trainer.config.WarmstartConfig: steps, batch_size, lr,
-    n_examples, seed; enabled=false returns NAME's own directory). The result is cached under
+    project's warm-start (masked SFT on demonstrations built from warmstart.train_files, else
+    data.train_files, with passages from the run's retriever, cut to search_r1.max_obs_length) fixes
+    that; its settings come from the config's `warmstart:` group (search_r1.trainer.config.WarmstartConfig:
+    steps, batch_size, lr, n_examples, seed, format, two_hop_share, train_files; enabled=false returns
+    NAME's own directory). The result is cached under
     $SEARCH_R1_HOME/warmstart by settings and demonstrations, so only the first run trains; verl
     resolves the config in the driver and in its task runner, and a file lock keeps that to one build.
     The retriever in search_r1.retriever.urls must be up (it is queried for the demonstrations).
@@ -93,7 +94,7 @@ def warmstart_dir(name: str, *, _root_) -> str:
     if not w.enabled:
         return model_dir(name)
     settings = SearchR1Settings.from_config(_root_)
-    files = _root_.data.train_files
+    files = w.train_files or _root_.data.train_files  # warmstart.train_files, as in the embedded trainer
     files = [str(files)] if isinstance(files, str) else [str(f) for f in files]
     r = settings.retriever
     client = RetrieverClient(list(r.urls), topk=r.topk, timeout=r.timeout, retries=r.retries)
@@ -107,7 +108,8 @@ def warmstart_dir(name: str, *, _root_) -> str:
         with _file_lock(root / ".verl_ext.lock"):
             path, _ = ensure_warmstart(name, client, files, steps=w.steps, batch_size=w.batch_size, lr=w.lr,
                                        n_examples=w.n_examples, seed=w.seed, max_obs_length=settings.max_obs_length,
-                                       max_tokens_per_turn=turn, protocol=settings.protocol,
+                                       max_tokens_per_turn=turn, protocol=settings.protocol, fmt=w.format,
+                                       two_hop_share=w.two_hop_share,
                                        compute_dtype="float32", threads=torch.get_num_threads(), cache_root=root,
                                        progress=False)
         _WARMSTART_DIRS[key] = str(path)

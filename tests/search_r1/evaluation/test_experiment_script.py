@@ -54,6 +54,15 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
     assert (run / "metrics.jsonl").read_text() == before
 
     # A changed setting retrains: reusing would report a model trained under other settings.
-    log = run_experiment(out, world, home, "optim.lr=2e-5", EXP_TEST=0)
+    # EXP_GRPO_SOURCES: GRPO prompts from two-hop questions only, from the same warm-start as before
+    # (its demonstrations still come from every training question, so its cache entry is reused).
+    warm = [line for line in log.splitlines() if line.startswith("[experiment] warm-start search")]
+    log = run_experiment(out, world, home, "optim.lr=2e-5", EXP_TEST=0, EXP_GRPO_SOURCES="synth_hotpotqa")
     assert "reusing the finished run" not in log
     assert "optim.lr=2e-5" in (run / "exp_args.txt").read_text()
+    assert [line for line in log.splitlines() if line.startswith("[experiment] warm-start search")] == warm
+    import pyarrow.parquet as pq
+    grpo_train = pq.read_table(out / "data" / "train_grpo.parquet").to_pylist()
+    assert {r["data_source"] for r in grpo_train} == {"synth_hotpotqa"}
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert samples and {x["question"] for x in samples} <= {r["question"] for r in grpo_train}

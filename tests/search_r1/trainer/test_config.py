@@ -62,6 +62,8 @@ def test_hydra_overrides_reach_the_dataclasses():
     (["trainer.resume=/no/such/ckpt"], ["trainer.resume", "auto"]),
     (["data.train_files=[/no/such/train.parquet]"], ["data.train_files", "/no/such/train.parquet", "does not exist"]),
     (["data.dir=/no/such/dir"], ["data.dir", "train.parquet", "auto"]),
+    (["warmstart.train_files=[/no/such/demos.parquet]"], ["warmstart.train_files", "/no/such/demos.parquet",
+                                                          "does not exist", "data.train_files"]),
     (["retriever.url=localhost:8000"], ["retriever.url", "http://"]),
     (["trainer.loggers=[console,mlflow]"], ["loggers", "mlflow", "wandb"]),
     (["model.compute_dtype=fp16"], ["model.compute_dtype", "'fp16'", "'auto'"]),

@@ -207,5 +207,8 @@ def test_warmstart_resolver_trains_once_with_the_config_settings(synth_world, re
     stamp = (path / "warmstart.json").stat().st_mtime_ns
     assert Path(resolved_model_path(common)) == path and (path / "warmstart.json").stat().st_mtime_ns == stamp
     assert resolved_model_path([*common, "warmstart.enabled=false"]) == resolve_model_path("tiny-random-qwen3")
+    # the group's format reaches the SFT (it was dropped once: every verl warm-start taught `search`)
+    other = Path(resolved_model_path([*common, "+warmstart.format=no_search"]))
+    assert other != path and json.loads((other / "warmstart.json").read_text())["format"] == "no_search"
     with pytest.raises(InterpolationResolutionError, match=r"warmstart\.\['bogus'\]"):
         resolved_model_path([*common, "+warmstart.bogus=1"])
