@@ -32,12 +32,14 @@ class RunAlarms:
 
     def check(self, metrics: dict) -> list[str]:
         messages: list[str] = []
-        if "reward/em" in metrics and "actor/kl_loss" in metrics:
+        if "reward/em" in metrics:
             self._train.append(metrics)
             recent = self._train[-self.window:]
-            kl = sum(m["actor/kl_loss"] for m in recent) / len(recent)
+            # a step whose update was skipped (algorithm.skip_zero_advantage) has no KL measurement
+            kls = [m["actor/kl_loss"] for m in self._train if "actor/kl_loss" in m][-self.window:]
+            kl = sum(kls) / len(kls) if kls else 0.0
             messages += self._toggle(
-                "drift", self.kl > 0 and len(recent) == self.window and kl > self.kl, metrics,
+                "drift", self.kl > 0 and len(kls) == self.window and kl > self.kl, metrics,
                 f"the policy drifts from the reference: K3 KL averaged {kl:.3f} over the last {self.window} steps "
                 f"(alarm above trainer.kl_alarm={self.kl}). On small models this has preceded collapse into "
                 f"answers that only satisfy the format; lower optim.lr, raise algorithm.kl_coef, or watch the "

@@ -213,6 +213,11 @@ class AlgorithmConfig:
     rollout_is: str = "none"
     # Upper cap of the importance weights (verl's rollout_is_threshold).
     rollout_is_threshold: float = 2.0
+    # Skip the optimizer step of a mini-batch in which every advantage is 0 (every group scored
+    # alike): its only gradient is the KL term's, at numerical-noise size, and AdamW normalises any
+    # gradient to a step of about lr per weight (and replays its momentum), so such steps move the
+    # policy at full speed in a direction no reward chose. false = verl's behaviour (always step).
+    skip_zero_advantage: bool = True
 
     def __post_init__(self):
         _check_choice("algorithm.reward", self.reward, tuple(sorted(REWARD_FNS)))

@@ -27,6 +27,7 @@ CONSOLE_KEYS = (
     ("pg", "actor/pg_loss"),
     ("ent", "actor/entropy"),
     ("gnorm", "actor/grad_norm"),
+    ("skip", "actor/skipped_updates"),
     ("resp", "response/length_mean"),
     ("val_em", "val/em"),
     ("t", "timing/step"),

@@ -132,7 +132,8 @@ class RayGRPOTrainer:
             if t.test_freq and step % t.test_freq == 0 and step != t.total_steps:
                 metrics.update(self.validate())
             self._log(metrics, step)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl=f"{metrics['actor/kl_loss']:.4f}")
+            kl = metrics.get("actor/kl_loss")  # absent when the step's update was skipped (no signal)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl="skipped" if kl is None else f"{kl:.4f}")
             if t.save_freq and step % t.save_freq == 0:
                 summary["checkpoint"] = self.save_checkpoint(step)
                 last_saved = step
@@ -176,7 +177,7 @@ class RayGRPOTrainer:
         return rollout
 
     def grpo_step(self, batch: DataProto, timing: dict) -> dict:
-        """old/ref log-probs -> rewards -> GRPO advantages -> policy update; returns metrics."""
+        """old log-probs -> rewards -> GRPO advantages -> ref log-probs -> policy update; returns metrics."""
         alg = self.cfg.algorithm
         if self.old_is_current:  # one update per batch: the update's own forward gives pi_old
             batch.batch["old_log_probs"] = torch.zeros_like(batch.batch["responses"], dtype=torch.float32)
@@ -185,13 +186,6 @@ class RayGRPOTrainer:
                 out = self.wg.compute_log_prob(batch.select(batch_keys=LOGPROB_KEYS))
             timing["old_log_prob_worker"] = worker_seconds(out)
             batch = batch.union(_drop_meta(out))
-        if alg.kl_coef > 0:
-            with timed(timing, "ref"):
-                out = self.wg.compute_ref_log_prob(batch.select(batch_keys=LOGPROB_KEYS))
-            timing["ref_worker"] = worker_seconds(out)
-            batch = batch.union(_drop_meta(out))
-        else:
-            batch.batch["ref_log_prob"] = batch.batch["old_log_probs"].clone()
         with timed(timing, "reward"):
             scores, texts = self.score(batch, self.reward_fn)
             batch.batch["token_level_scores"] = self.place_on_last_token(scores, batch.batch["response_mask"])
@@ -200,13 +194,23 @@ class RayGRPOTrainer:
             adv = compute_grpo_advantages(batch.batch["token_level_scores"].sum(-1), batch.non_tensor_batch["uid"],
                                           eps=alg.eps, std=alg.grpo_std)  # (N,)
             batch.batch["advantages"] = broadcast_to_tokens(adv, batch.batch["response_mask"])  # (N, R)
+        # Reference log-probs feed only the update's KL term: when the workers will skip every
+        # mini-batch (all advantages 0, algorithm.skip_zero_advantage), that forward pass is not needed.
+        needs_ref = alg.kl_coef > 0 and not (alg.skip_zero_advantage and not bool((adv != 0).any()))
+        if needs_ref:
+            with timed(timing, "ref"):
+                out = self.wg.compute_ref_log_prob(batch.select(batch_keys=LOGPROB_KEYS))
+            timing["ref_worker"] = worker_seconds(out)
+            batch = batch.union(_drop_meta(out))
+        else:
+            batch.batch["ref_log_prob"] = batch.batch["old_log_probs"].clone()
         with timed(timing, "update_actor"):
             update = arrange_for_dp(batch.select(batch_keys=UPDATE_KEYS), self.n_mini_batches, self.wg.world_size)
             update.meta_info["n_mini_batches"] = self.n_mini_batches
             update.meta_info["old_is_current"] = self.old_is_current
             per_rank = self.wg.update_actor(update)  # identical actor/* metrics on every rank
         timing["update_actor_worker"] = max(m.pop("perf/update_worker_s") for m in per_rank)
-        if self.rollout is not None:
+        if self.rollout is not None and per_rank[0]["actor/skipped_updates"] < 1.0:  # else the weights did not change
             with timed(timing, "rollout_sync"):
                 self.rollout.sync(self.wg)
         metrics = dict(per_rank[0])

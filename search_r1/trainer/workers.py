@@ -81,6 +81,8 @@ class WorkerSpec:
     micro_batch_size: int = 4
     gen_batch_size: int = 64
     use_ref: bool = True
+    # no optimizer step for a mini-batch whose advantages are all 0 (algorithm.skip_zero_advantage)
+    skip_zero_advantage: bool = False
 
 
 def arrange_for_dp(batch: DataProto, n_mini_batches: int, world_size: int) -> DataProto:
@@ -367,10 +369,13 @@ class PolicyWorker(Worker):
         # The model stays in eval mode: dropout is 0 in these models, and eval keeps the first
         # mini-batch's log-probs bit-identical to compute_log_prob's (ratio exactly 1 on-policy).
         sums: dict[str, float] = {}
-        n_updates = 0
+        n_updates = n_skipped = 0
         mismatch = UpdateStats()
         for epoch in range(spec.ppo_epochs):
             for mb in _chunk(data, n_mini):
+                if spec.skip_zero_advantage and not self._has_signal(mb):
+                    n_skipped += 1  # every rank agrees (all-reduced), so the collectives stay in step
+                    continue
                 norm = self._normalizer(mb.batch["response_mask"].float())
                 self.optimizer.zero_grad(set_to_none=False)
                 stats = self.accumulate_grads(mb, norm)
@@ -393,16 +398,24 @@ class PolicyWorker(Worker):
                     sums[k] = sums.get(k, 0.0) + float(v)
                 n_updates += 1
         lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
-        self._sync_rollout_weights()
+        if n_updates:  # the warmup counts optimizer steps taken; an all-skipped call leaves weights as they are
+            self.scheduler.step()
+            self._sync_rollout_weights()
         self.optimizer.zero_grad(set_to_none=True)  # gradients are not needed until the next update
         release_memory()
         metrics = {k: v / n_updates for k, v in sums.items()}
-        metrics.update(mismatch.mismatch_metrics())
+        if n_updates:
+            metrics.update(mismatch.mismatch_metrics())
+            metrics["actor/grad_nonfinite"] = float(not math.isfinite(metrics["actor/grad_norm"]))
         metrics["actor/lr"] = lr
+        metrics["actor/skipped_updates"] = n_skipped / (n_skipped + n_updates)
         metrics["perf/update_worker_s"] = time.perf_counter() - t0
-        metrics["actor/grad_nonfinite"] = float(not math.isfinite(metrics["actor/grad_norm"]))
         return metrics
+
+    def _has_signal(self, mb: DataProto) -> bool:
+        """Whether any generated token of the global mini-batch has a non-zero advantage."""
+        local = (mb.batch["advantages"].float() * mb.batch["response_mask"].float()).abs().max()
+        return float(self._all_reduce(local.reshape(1).clone(), op="max")) > 0.0
 
     def accumulate_grads(self, mb: DataProto, norm: float) -> UpdateStats:
         """Backpropagate the loss of one (local) mini-batch in micro-batches; grads accumulate.

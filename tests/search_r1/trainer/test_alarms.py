@@ -33,3 +33,16 @@ def test_validation_alarm_uses_the_binomial_standard_error():
     assert alarms.check({"val/em": 0.5, "val/n": 64.0}) == []  # 0.1 < 2 se (~0.17)
     got = alarms.check({"val/em": 0.16, "val/n": 64.0})
     assert len(got) == 1 and got[0].startswith("ALARM (validation)")
+
+
+def test_skipped_updates_count_for_the_reward_but_not_for_the_kl_window():
+    alarms = RunAlarms(kl=0.1, window=2)
+    assert alarms.check(step(0.6, 0.3)) == []
+    assert alarms.check({"reward/em": 0.6}) == []  # update skipped: no KL measured, no full KL window
+    got = alarms.check(step(0.6, 0.0))  # the last two KL measurements: (0.3 + 0) / 2 = 0.15 > 0.1
+    assert len(got) == 1 and "0.150" in got[0]
+    alarms = RunAlarms(kl=0, window=2)
+    for em in (0.6, 0.6, 0.2):
+        alarms.check({"reward/em": em})
+    got = alarms.check({"reward/em": 0.0})  # skipped steps still show the sampled EM falling
+    assert len(got) == 1 and "fell from 0.600" in got[0]

@@ -69,13 +69,14 @@ def make_trainer(local_worker_factory, synth_world, retriever_server, tmp_path):
     return make
 
 
-def scripted_step(trainer: RayGRPOTrainer):
+def scripted_step(trainer: RayGRPOTrainer, all_right: bool = False):
     """One train_step where, per prompt, the first sample answers with the gold answer and the second
-    answers it for prompt 0 only ("nothing" for prompt 1): em rewards [1, 0 | 1, 1]."""
+    answers it for prompt 0 only ("nothing" for prompt 1): em rewards [1, 0 | 1, 1] ([1, 1 | 1, 1]
+    with all_right)."""
     batch = trainer.train_loader.next_batch()
     golds = [list(g)[0] for g in batch.non_tensor_batch["golden_answers"]]
     prompts = [ids[m.bool()].tolist() for ids, m in zip(batch.batch["input_ids"], batch.batch["attention_mask"])]
-    texts = [[f"<answer> {golds[0]} </answer>", "<answer> nothing </answer>"],
+    texts = [[f"<answer> {golds[0]} </answer>", f"<answer> {golds[0] if all_right else 'nothing'} </answer>"],
              [f"<answer> {golds[1]} </answer>", f"<answer> {golds[1]} </answer>"]]
     # Both samples of a prompt share its prompt ids: the scripted generator serves them turn 0, then turn 1.
     gen = ScriptedGenerator(trainer.tokenizer, prompts, texts)
@@ -175,3 +176,13 @@ def _objects(values):
     arr = np.empty(len(values), dtype=object)
     arr[:] = values
     return arr
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_step_whose_groups_all_scored_alike_does_not_update(make_trainer, synth_world, tmp_path, skip):
+    trainer = make_trainer(config(synth_world, tmp_path, algorithm={"skip_zero_advantage": skip}))
+    m, _, _ = scripted_step(trainer, all_right=True)
+    assert m["adv/zero_group_share"] == 1.0
+    assert m["actor/skipped_updates"] == (1.0 if skip else 0.0)
+    # the reference forward only feeds the skipped update's KL term: not run when skipping
+    assert ("timing/ref" in m) == (not skip)

@@ -39,7 +39,9 @@ def tiny_config(world, url, out, **trainer) -> TrainConfig:
         "retriever": {"url": url, "topk": 2},
         "rollout": {"n": 2, "max_turns": 1, "max_tokens_per_turn": 8, "max_response_length": 64,
                     "max_obs_length": 32, "max_prompt_length": 512},
-        "algorithm": {"kl_coef": 0.01, "entropy_coef": 0.01},
+        # the random model scores every sample alike, so its updates would be skipped: this file
+        # checks the update path (test_grpo_step.py checks the skip)
+        "algorithm": {"kl_coef": 0.01, "entropy_coef": 0.01, "skip_zero_advantage": False},
         "optim": {"lr": 1e-3, "warmup_steps": 1},
         "trainer": t,
         "warmstart": {"enabled": False},  # covered by test_warmstart.py; these tests check the GRPO loop

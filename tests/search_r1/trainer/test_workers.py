@@ -190,3 +190,42 @@ def test_on_policy_update_without_old_pass_equals_the_recomputed_one(local_worke
     s1, s2 = w1.model.state_dict(), w2.model.state_dict()
     for k in s1:
         torch.testing.assert_close(s2[k], s1[k], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_all_zero_advantage_step_is_skipped_not_replayed_by_adam_momentum(local_worker_factory, skip):
+    """After an informative update, a mini-batch whose advantages are all 0 carries no reward signal.
+    Without the skip AdamW still moves every weight (momentum of the last step, KL noise, weight
+    decay) by a step as large as the informative one; with it the weights and the warmup stand still."""
+    spec = WorkerSpec(model_name=MODEL, lr=1e-3, warmup_steps=2, micro_batch_size=2, kl_coef=0.01,
+                      skip_zero_advantage=skip)
+    w = local_worker_factory(spec)
+    batch = with_targets(w, fixed_batch(), [1.0, -1.0, 0.5, -0.5])
+    batch.meta_info["n_mini_batches"] = 1
+    before = {k: v.clone() for k, v in w.model.state_dict().items()}
+    m1 = w.update_actor(batch)
+    after_first = {k: v.clone() for k, v in w.model.state_dict().items()}
+    first_step = max(float((after_first[k] - before[k]).abs().max()) for k in before)
+    flat = with_targets(w, fixed_batch(seed=1), [0.0, 0.0, 0.0, 0.0])
+    flat.meta_info["n_mini_batches"] = 1
+    m2 = w.update_actor(flat)
+    moved = max(float((w.model.state_dict()[k] - after_first[k]).abs().max()) for k in before)
+    assert m1["actor/skipped_updates"] == 0.0 and "actor/grad_norm" in m1
+    if skip:
+        assert moved == 0.0 and m2["actor/skipped_updates"] == 1.0 and "actor/grad_norm" not in m2
+        assert w.scheduler.get_last_lr()[0] == m2["actor/lr"]  # the warmup did not advance
+    else:
+        assert moved > 0.5 * first_step  # a full-size step that no reward asked for
+        assert m2["actor/skipped_updates"] == 0.0
+
+
+def test_only_the_mini_batches_without_signal_are_skipped(local_worker_factory):
+    w = local_worker_factory(WorkerSpec(model_name=MODEL, lr=1e-3, micro_batch_size=2, skip_zero_advantage=True))
+    batch = with_targets(w, fixed_batch(), [0.0, 0.0, 1.0, -1.0])  # mini-batch 0 flat, mini-batch 1 not
+    batch.meta_info["n_mini_batches"] = 2
+    m = w.update_actor(batch)
+    assert m["actor/skipped_updates"] == 0.5
+    mask = batch.batch["response_mask"][2:].float()
+    # the one update is mini-batch 1's: on-policy its loss is -token_mean(A) over its own tokens
+    expected = -float((batch.batch["advantages"][2:] * mask).sum() / mask.sum())
+    assert m["actor/pg_loss"] == pytest.approx(expected, abs=1e-6)
