@@ -79,7 +79,9 @@ def main(argv=None) -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="trainer_step_"))
     overrides = [f"trainer.total_steps={args.steps}", "trainer.val_before_train=false", "trainer.test_freq=0",
                  "trainer.save_freq=0", "trainer.resume=none", "data.val_size=1", "trainer.val_batch_size=1",
-                 "trainer.loggers=[jsonl]", f"trainer.output_dir={out}"] + list(args.overrides)
+                 "trainer.loggers=[jsonl]", f"trainer.output_dir={out}",
+                 # every step measured in full: a skipped update (no reward signal) would time nothing
+                 "algorithm.skip_zero_advantage=false"] + list(args.overrides)
     cfg = load_config(args.config, overrides)
     t0 = time.perf_counter()
     run(cfg)

@@ -183,7 +183,8 @@ def run_ours(spec: dict) -> None:
         "data": {"train_files": [spec["prompts_file"]], "test_files": [spec["prompts_file"]], "val_size": 1},
         "rollout": {"n": spec["group"], "max_turns": 0, "max_tokens_per_turn": n, "max_response_length": n,
                     "temperature": 1.0, "top_p": 1.0},
-        "algorithm": {"reward": "subem", "kl_coef": spec["beta"], "entropy_coef": 0.0},
+        # skip_zero_advantage off: TRL steps on every batch, so ours must too for identical work
+        "algorithm": {"reward": "subem", "kl_coef": spec["beta"], "entropy_coef": 0.0, "skip_zero_advantage": False},
         "optim": {"lr": spec["lr"], "warmup_steps": 0},
         "trainer": {"total_steps": spec["steps"], "batch_size": spec["prompts"], "mini_batch_size": spec["prompts"],
                     "micro_batch_size": spec["micro_batch"], "val_batch_size": 1, "test_freq": 0, "val_before_train": False,

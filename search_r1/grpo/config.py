@@ -93,6 +93,10 @@ class SearchR1Config:
     batch_size: int = 1
     num_epochs: int = 10
     max_grad_norm: float = 0.5
+    # No optimizer step when every advantage of the batch is 0 (every group scored alike): AdamW would
+    # still move each weight by about learning_rate (momentum of the last step, weight decay) in a
+    # direction no reward chose. False = always step.
+    skip_zero_advantage: bool = True
     # Trajectories per forward/backward pass; halved automatically on out-of-memory.
     micro_batch_size: int = 4
 

@@ -417,7 +417,9 @@ class GRPOTrainer:
         old = the log-probs recorded at sampling; A = trajectory.advantage on all its generated tokens.
         Gradients are clipped to `max_grad_norm`. A trajectory whose positions do not line up with its
         sequence (its recomputed log-probs would not match its token steps) is skipped and counted.
-        Returns loss, kl_div (means over the iterations), avg_reward, beta, skipped, clip_frac, grad_norm.
+        With config.skip_zero_advantage, a batch whose advantages are all 0 takes no step.
+        Returns loss, kl_div (means over the iterations), avg_reward, beta, skipped, clip_frac, grad_norm,
+        update_skipped (1.0 when no step was taken for lack of a non-zero advantage).
         """
         self._require_weights("update_policy")
         cfg = self.config
@@ -433,8 +435,12 @@ class GRPOTrainer:
                 usable.append(t)
         self.stats["skipped_trajectories"] += skipped
         metrics = {"loss": 0.0, "kl_div": 0.0, "beta": cfg.beta, "skipped": skipped, "clip_frac": 0.0,
-                   "grad_norm": 0.0, "avg_reward": sum(t.reward for t in trajectories) / max(len(trajectories), 1)}
+                   "grad_norm": 0.0, "avg_reward": sum(t.reward for t in trajectories) / max(len(trajectories), 1),
+                   "update_skipped": 0.0}
         if not usable:
+            return metrics
+        if cfg.skip_zero_advantage and all(t.advantage == 0 for t in usable):
+            metrics["update_skipped"] = 1.0
             return metrics
         old = [torch.tensor(t.old_log_probs, dtype=torch.float32) for t in usable]
         tokens = float(sum(len(o) for o in old))
@@ -489,8 +495,8 @@ class GRPOTrainer:
         """Roll out `group_size` samples per query, reward, GRPO advantages per query, update.
 
         Returns loss, kl_div, avg_reward, avg_tokens (generated per trajectory), search_trajectories
-        (fraction that searched at least once), skipped, step, timing (gen_s, update_s) and the
-        trajectories themselves.
+        (fraction that searched at least once), skipped, update_skipped, step, timing (gen_s, update_s)
+        and the trajectories themselves.
         """
         from search_r1.rewards import gold_answers
 
@@ -520,7 +526,8 @@ class GRPOTrainer:
         return {"step": self.global_step, "loss": update["loss"], "kl_div": update["kl_div"],
                 "avg_reward": update["avg_reward"], "avg_tokens": sum(t.num_generated_tokens for t in trajectories) / n,
                 "search_trajectories": sum(t.num_searches > 0 for t in trajectories) / n,
-                "skipped": update["skipped"], "clip_frac": update["clip_frac"], "grad_norm": update["grad_norm"],
+                "skipped": update["skipped"], "update_skipped": update["update_skipped"],
+                "clip_frac": update["clip_frac"], "grad_norm": update["grad_norm"],
                 "gen_s": t1 - t0, "update_s": t2 - t1, "trajectories": trajectories}
 
     def train(self, queries: list[str], ground_truths: list, num_epochs: int | None = None,

@@ -75,6 +75,23 @@ def test_train_step_rewards_advantages_and_update(scripted_trainer):
     assert new[k] > right.token_steps[k].log_prob
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_batch_without_a_non_zero_advantage_takes_no_step(scripted_trainer, skip):
+    trainer = scripted_trainer(tiny_config(update_times=1, skip_zero_advantage=skip))
+    informative = trainer.rollout(QUERIES * 2)
+    for t, a in zip(informative, (1.0, -1.0, 0.5, -0.5)):
+        t.advantage = a
+    trainer.update_policy(informative)  # AdamW now holds momentum
+    after_first = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    flat = trainer.rollout(QUERIES * 2)
+    for t in flat:
+        t.advantage = 0.0
+    m = trainer.update_policy(flat)
+    moved = any(not torch.equal(after_first[k], v) for k, v in trainer.model.state_dict().items())
+    assert m["update_skipped"] == (1.0 if skip else 0.0)
+    assert moved == (not skip)  # without the skip, momentum moves the weights with no reward asking
+
+
 def test_update_skips_and_counts_a_misaligned_trajectory(scripted_trainer, caplog):
     trainer = scripted_trainer(tiny_config(update_times=1))
     trajectories = trainer.rollout(QUERIES * 2)
@@ -151,14 +168,16 @@ def test_chatml_prompt_equals_the_tokenizers_chat_template():
 
 def test_save_load_resume_reproduces_the_uninterrupted_run(scripted_trainer, tmp_path):
     queries, gold = QUERIES, GOLD
+    # skip_zero_advantage off: a group of 2 may score alike, and this checks that AdamW's moments resume
     cfg = tiny_config(group_size=2, update_times=1, num_epochs=1, batch_size=1, save_interval=1,
-                      output_dir=str(tmp_path / "a"), log_interval=0)
+                      output_dir=str(tmp_path / "a"), log_interval=0, skip_zero_advantage=False)
     a = scripted_trainer(cfg)
     history = a.train(queries, gold)
     assert [h["step"] for h in history] == [1, 2]
     assert sorted(p.name for p in (tmp_path / "a").glob("global_step_*")) == ["global_step_1", "global_step_2"]
 
-    b = scripted_trainer(tiny_config(group_size=2, update_times=1, num_epochs=1, batch_size=1, log_interval=0))
+    b = scripted_trainer(tiny_config(group_size=2, update_times=1, num_epochs=1, batch_size=1, log_interval=0,
+                                     skip_zero_advantage=False))
     state = b.load(tmp_path / "a" / "global_step_1")
     assert b.global_step == b.data_step == 1 and state["optimizer"] is not None and len(b.history) == 1
     assert b.optimizer.state_dict()["state"][0]["step"] == 1  # AdamW moments came back
