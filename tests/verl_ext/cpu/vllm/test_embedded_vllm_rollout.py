@@ -88,6 +88,9 @@ def test_embedded_trainer_samples_through_vllm(ray_session, warm_smollm2, retrie
         "retriever": {"url": retriever_server.url, "topk": 2},
         "rollout": {"n": 2, "max_turns": 1, "max_obs_length": 64, "backend": "vllm"},
         "optim": {"lr": 1e-5, "warmup_steps": 0},
+        # every step updates and syncs (groups of 2 often score alike, and a skipped update would
+        # leave nothing to check: no sync, no sampler/trainer gap measured)
+        "algorithm": {"skip_zero_advantage": False},
         "trainer": {"total_steps": 2, "batch_size": 2, "mini_batch_size": 2, "micro_batch_size": 2,
                     "val_batch_size": 2, "test_freq": 0, "save_freq": 0, "resume": "none", "n_workers": 1,
                     "threads_per_worker": 2, "seed": 0, "output_dir": str(out), "loggers": ["jsonl"]},
