@@ -170,17 +170,17 @@ if [[ -n "${EXP_GRPO_SOURCES:-}" ]]; then
   "$PYTHON" - "$TRAIN" "$GRPO_TRAIN" $EXP_GRPO_SOURCES <<'PY'
 import sys
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
+import pandas as pd
 
-table = pq.read_table(sys.argv[1])
-keep = table.filter(pc.is_in(table["data_source"], value_set=pa.array(sys.argv[3:])))
-if keep.num_rows == 0:
-    sys.exit(f"[experiment] EXP_GRPO_SOURCES={' '.join(sys.argv[3:])} matches no training question; "
-             f"sources present: {sorted(set(table['data_source'].to_pylist()))}")
-pq.write_table(keep, sys.argv[2])
-print(f"[experiment] GRPO prompts: {keep.num_rows} of {table.num_rows} training questions ({' '.join(sys.argv[3:])})")
+from search_r1.data.splits import keep_sources
+
+frame = pd.read_parquet(sys.argv[1])
+try:
+    keep = keep_sources(frame, sys.argv[3:], sys.argv[1])
+except ValueError as err:
+    sys.exit(f"[experiment] EXP_GRPO_SOURCES: {err}")
+keep.to_parquet(sys.argv[2], index=False)
+print(f"[experiment] GRPO prompts: {len(keep)} of {len(frame)} training questions ({' '.join(sys.argv[3:])})")
 PY
 fi
 COMMON=("data.train_files=['$GRPO_TRAIN']" "warmstart.train_files=['$TRAIN']" "data.test_files=['$DEV']"

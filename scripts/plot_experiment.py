@@ -48,16 +48,17 @@ def main() -> None:
     rows_of = {path: [json.loads(line) for line in path.read_text().splitlines()] for path in runs}
     # The script validates the shared warm-start once (the first seed of a dtype, step 0): every
     # seed of that dtype starts from it, so its curve starts there too.
+    label_of = {path: path.parent.name.removeprefix("grpo_") for path in runs}  # "<dtype>_seed<k>"
     start_of = {}
     for path, rows in rows_of.items():
-        group = path.parent.name.removeprefix("grpo_").split("_seed")[0]
-        start_of.update({group: r for r in rows if "val/em" in r and r["step"] == 0})
+        start_of.update({label_of[path].split("_seed")[0]: r for r in rows if "val/em" in r and r["step"] == 0})
     for path, rows in rows_of.items():
-        label = path.parent.name.removeprefix("grpo_")
+        label = label_of[path]
         train = [r for r in rows if "reward/mean" in r]
         val = [r for r in rows if "val/em" in r]
-        if not any(r["step"] == 0 for r in val) and label.split("_seed")[0] in start_of:
-            val = [start_of[label.split("_seed")[0]]] + val
+        start = start_of.get(label.split("_seed")[0])
+        if start is not None and not any(r["step"] == 0 for r in val):
+            val = [start] + val
         axes[2].plot([r["step"] for r in train], [r["reward/mean"] for r in train], marker=".", label=label)
         axes[3].plot([r["step"] for r in val], [r["val/em"] for r in val], marker="o", label=label)
     axes[2].set(title="training reward per step (sampled rollouts)", xlabel="GRPO step")

@@ -23,6 +23,16 @@ META = "split.json"
 FORMAT_VERSION = 2  # bumped when the draw or the row order changes, so older splits are carved again
 
 
+def keep_sources(frame, sources: list[str], name) -> "pandas.DataFrame":
+    """The rows of `frame` whose data_source is in `sources`; ValueError naming any source the file
+    (`name`, for the message) does not have."""
+    unknown = sorted(set(sources) - set(frame["data_source"]))
+    if unknown:
+        raise ValueError(f"--sources {unknown} not in {name} (its data_sources: "
+                         f"{sorted(frame['data_source'].unique())}). Fix: name sources the file has")
+    return frame[frame["data_source"].isin(sources)]
+
+
 def carve_dev(train_file, out_dir, per_source: int, seed: int = 0,
               sources: list[str] | None = None) -> tuple[Path, Path]:
     """(rest of train, dev) parquet paths under `out_dir`; see the module docstring.
@@ -46,11 +56,7 @@ def carve_dev(train_file, out_dir, per_source: int, seed: int = 0,
         pass
     frame = pd.read_parquet(train_file)
     if sources:
-        unknown = sorted(set(sources) - set(frame["data_source"]))
-        if unknown:
-            raise ValueError(f"--sources {unknown} not in {train_file} (its data_sources: "
-                             f"{sorted(frame['data_source'].unique())}). Fix: name sources the file has")
-        frame = frame[frame["data_source"].isin(sources)]
+        frame = keep_sources(frame, sources, train_file)
     counts = frame["data_source"].value_counts()
     short = {s: int(n) for s, n in counts.items() if n <= per_source}
     if short:

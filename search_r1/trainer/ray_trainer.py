@@ -196,8 +196,8 @@ class RayGRPOTrainer:
             batch.batch["advantages"] = broadcast_to_tokens(adv, batch.batch["response_mask"])  # (N, R)
         # Reference log-probs feed only the update's KL term: when the workers will skip every
         # mini-batch (all advantages 0, algorithm.skip_zero_advantage), that forward pass is not needed.
-        needs_ref = alg.kl_coef > 0 and not (alg.skip_zero_advantage and not bool((adv != 0).any()))
-        if needs_ref:
+        informative = bool((adv != 0).any())
+        if alg.kl_coef > 0 and (informative or not alg.skip_zero_advantage):
             with timed(timing, "ref"):
                 out = self.wg.compute_ref_log_prob(batch.select(batch_keys=LOGPROB_KEYS))
             timing["ref_worker"] = worker_seconds(out)
@@ -214,14 +214,13 @@ class RayGRPOTrainer:
             with timed(timing, "rollout_sync"):
                 self.rollout.sync(self.wg)
         metrics = dict(per_rank[0])
-        metrics.update(self.rollout_metrics(batch, scores, texts))
+        golds = batch.non_tensor_batch["golden_answers"]
+        ems = [em_score(t, list(g)) for t, g in zip(texts, golds)]
+        metrics.update(self.rollout_metrics(batch, scores, texts, ems))
         self._write_samples(batch, scores, texts)
         metrics["adv/abs_mean"] = float(adv.abs().mean())
         metrics["adv/zero_group_share"] = float((adv == 0).float().mean())
-        golds = batch.non_tensor_batch["golden_answers"]
-        metrics.update(per_source_training_metrics(
-            batch.non_tensor_batch["data_source"], [em_score(t, list(g)) for t, g in zip(texts, golds)],
-            adv.tolist(), scores))
+        metrics.update(per_source_training_metrics(batch.non_tensor_batch["data_source"], ems, adv.tolist(), scores))
         return metrics
 
     # -- rewards ------------------------------------------------------------------------------------
@@ -251,11 +250,10 @@ class RayGRPOTrainer:
         out[has.nonzero().flatten(), last[has]] = torch.tensor(scores, dtype=torch.float32)[has]
         return out
 
-    def rollout_metrics(self, batch: DataProto, scores: list[float], texts: list[str]) -> dict:
+    def rollout_metrics(self, batch: DataProto, scores: list[float], texts: list[str], ems: list[float]) -> dict:
         """Reward, environment and response statistics of a step (the rollout's stats: a missing
         key is a bug in the rollout, so it fails here instead of reading as 0)."""
         meta = batch.meta_info
-        golds = batch.non_tensor_batch["golden_answers"]
         turns = np.asarray(meta["turns_stats"], dtype=float)
         valid = np.asarray(meta["valid_action_stats"], dtype=float)
         resp_len = batch.batch["attention_mask"][:, -batch.batch["responses"].shape[1]:].sum(-1).float()
@@ -263,7 +261,7 @@ class RayGRPOTrainer:
             "reward/mean": _mean(scores),
             "reward/std": float(np.std(scores)) if scores else 0.0,
             "reward/max": float(np.max(scores)) if scores else 0.0,
-            "reward/em": _mean(em_score(t, list(g)) for t, g in zip(texts, golds)),
+            "reward/em": _mean(ems),
             "reward/format_valid": _mean(check_format_correctness(t) > 0 for t in texts),
             "env/turns_mean": float(turns.mean()),
             "env/searches_mean": _mean(meta["valid_search_stats"]),

@@ -167,7 +167,7 @@ def test_a_missing_rollout_stat_is_an_error_not_a_zero(make_trainer, synth_world
                                 non_tensors={"golden_answers": _objects([["x"]])},
                                 meta_info={"valid_action_stats": [1]})  # turns_stats missing
     with pytest.raises(KeyError, match="turns_stats"):
-        trainer.rollout_metrics(batch, [1.0], ["<answer> x </answer>"])
+        trainer.rollout_metrics(batch, [1.0], ["<answer> x </answer>"], [1.0])
 
 
 def _objects(values):
