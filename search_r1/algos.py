@@ -148,6 +148,43 @@ def broadcast_to_tokens(adv: torch.Tensor, response_mask: torch.Tensor) -> torch
     return adv[:, None] * response_mask.to(adv.dtype)  # (N, 1) * (N, L) -> (N, L)
 
 
+
+def signal_group_rows(adv: torch.Tensor, uids: Any, multiple: int = 1) -> torch.Tensor:
+    """Rows of the groups that carry a learning signal, for an update that drops flat groups.
+
+    A group is flat when every advantage in it is 0 (all its samples scored alike): its only
+    gradient would be the KL term's. Returned: the ascending row indices of every group with a
+    non-zero advantage, plus the first flat groups (in row order) needed to make the count a
+    multiple of `multiple` (mini-batches x data-parallel workers must divide it; a flat group adds
+    only KL to the loss). Empty when no group has a signal. When no subset of whole groups reaches
+    a multiple, every row is returned (the full batch divides by construction).
+
+    This is DAPO's group filter (Yu et al. 2025, arXiv 2503.14476, "dynamic sampling") without the
+    refill: the step trains on fewer trajectories instead of sampling more.
+
+    Shapes: adv (N,), uids (N,) hashables -> (K,) int64 row indices, K <= N.
+    """
+    n = adv.shape[0]
+    if multiple < 1:
+        raise ValueError(f"multiple must be >= 1, got {multiple}")
+    gid = _group_ids(uids, n)
+    n_groups = int(gid.max()) + 1 if n else 0
+    signal = torch.zeros(n_groups, dtype=torch.int64).index_add_(0, gid, (adv.cpu() != 0).long()) > 0  # (G,)
+    if not bool(signal.any()):
+        return torch.zeros(0, dtype=torch.int64)
+    size = torch.bincount(gid, minlength=n_groups)
+    keep = signal.clone()
+    rows = int(size[keep].sum())
+    for g in range(n_groups):  # pad with flat groups until the mini-batch split works
+        if rows % multiple == 0:
+            break
+        if not keep[g]:
+            keep[g] = True
+            rows += int(size[g])
+    if rows % multiple:
+        keep[:] = True
+    return keep[gid].nonzero().flatten()
+
 # --------------------------------------------------------------------------- KL estimators
 
 

@@ -218,6 +218,12 @@ class AlgorithmConfig:
     # gradient to a step of about lr per weight (and replays its momentum), so such steps move the
     # policy at full speed in a direction no reward chose. false = verl's behaviour (always step).
     skip_zero_advantage: bool = True
+    # Update only on the groups whose samples did not all score alike (DAPO's group filter, without
+    # its refill): flat groups carry no policy-gradient signal, only KL, yet cost a reference
+    # forward and a forward+backward each; dropping them lets a step sample more prompts for the
+    # same update cost. Reward and rollout metrics still cover every sample
+    # (`train/trajectories_updated` counts the kept ones). false = verl's behaviour.
+    drop_flat_groups: bool = False
 
     def __post_init__(self):
         _check_choice("algorithm.reward", self.reward, tuple(sorted(REWARD_FNS)))

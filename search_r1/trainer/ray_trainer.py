@@ -29,7 +29,7 @@ import torch
 from tqdm import tqdm
 from verl import DataProto
 
-from search_r1.algos import broadcast_to_tokens, compute_grpo_advantages
+from search_r1.algos import broadcast_to_tokens, compute_grpo_advantages, signal_group_rows
 from search_r1.data.dataset import repeat_interleave
 from search_r1.evaluation.metrics import OVERALL, aggregate, score_response
 from search_r1.rewards import check_format_correctness, em_score, get_reward_fn
@@ -177,15 +177,9 @@ class RayGRPOTrainer:
         return rollout
 
     def grpo_step(self, batch: DataProto, timing: dict) -> dict:
-        """old log-probs -> rewards -> GRPO advantages -> ref log-probs -> policy update; returns metrics."""
+        """rewards -> GRPO advantages -> (drop flat groups) -> old and ref log-probs -> policy update;
+        returns metrics (reward and rollout statistics over every sampled trajectory)."""
         alg = self.cfg.algorithm
-        if self.old_is_current:  # one update per batch: the update's own forward gives pi_old
-            batch.batch["old_log_probs"] = torch.zeros_like(batch.batch["responses"], dtype=torch.float32)
-        else:
-            with timed(timing, "old_log_prob"):
-                out = self.wg.compute_log_prob(batch.select(batch_keys=LOGPROB_KEYS))
-            timing["old_log_prob_worker"] = worker_seconds(out)
-            batch = batch.union(_drop_meta(out))
         with timed(timing, "reward"):
             scores, texts = self.score(batch, self.reward_fn)
             batch.batch["token_level_scores"] = self.place_on_last_token(scores, batch.batch["response_mask"])
@@ -194,18 +188,30 @@ class RayGRPOTrainer:
             adv = compute_grpo_advantages(batch.batch["token_level_scores"].sum(-1), batch.non_tensor_batch["uid"],
                                           eps=alg.eps, std=alg.grpo_std)  # (N,)
             batch.batch["advantages"] = broadcast_to_tokens(adv, batch.batch["response_mask"])  # (N, R)
+        train = batch
+        if alg.drop_flat_groups:  # train on the groups with a signal only (and the forward passes too)
+            rows = signal_group_rows(adv, batch.non_tensor_batch["uid"], self.n_mini_batches * self.wg.world_size)
+            if 0 < len(rows) < len(batch):
+                train = batch.select_idxs(rows)
+        if self.old_is_current:  # one update per batch: the update's own forward gives pi_old
+            train.batch["old_log_probs"] = torch.zeros_like(train.batch["responses"], dtype=torch.float32)
+        else:
+            with timed(timing, "old_log_prob"):
+                out = self.wg.compute_log_prob(train.select(batch_keys=LOGPROB_KEYS))
+            timing["old_log_prob_worker"] = worker_seconds(out)
+            train = train.union(_drop_meta(out))
         # Reference log-probs feed only the update's KL term: when the workers will skip every
         # mini-batch (all advantages 0, algorithm.skip_zero_advantage), that forward pass is not needed.
         informative = bool((adv != 0).any())
         if alg.kl_coef > 0 and (informative or not alg.skip_zero_advantage):
             with timed(timing, "ref"):
-                out = self.wg.compute_ref_log_prob(batch.select(batch_keys=LOGPROB_KEYS))
+                out = self.wg.compute_ref_log_prob(train.select(batch_keys=LOGPROB_KEYS))
             timing["ref_worker"] = worker_seconds(out)
-            batch = batch.union(_drop_meta(out))
+            train = train.union(_drop_meta(out))
         else:
-            batch.batch["ref_log_prob"] = batch.batch["old_log_probs"].clone()
+            train.batch["ref_log_prob"] = train.batch["old_log_probs"].clone()
         with timed(timing, "update_actor"):
-            update = arrange_for_dp(batch.select(batch_keys=UPDATE_KEYS), self.n_mini_batches, self.wg.world_size)
+            update = arrange_for_dp(train.select(batch_keys=UPDATE_KEYS), self.n_mini_batches, self.wg.world_size)
             update.meta_info["n_mini_batches"] = self.n_mini_batches
             update.meta_info["old_is_current"] = self.old_is_current
             per_rank = self.wg.update_actor(update)  # identical actor/* metrics on every rank
@@ -220,6 +226,7 @@ class RayGRPOTrainer:
         self._write_samples(batch, scores, texts)
         metrics["adv/abs_mean"] = float(adv.abs().mean())
         metrics["adv/zero_group_share"] = float((adv == 0).float().mean())
+        metrics["train/trajectories_updated"] = float(len(train))
         metrics.update(per_source_training_metrics(batch.non_tensor_batch["data_source"], ems, adv.tolist(), scores))
         return metrics
 

@@ -348,3 +348,19 @@ def test_entropy_and_masked_mean_match_verl(verl_algos):
     m = (torch.rand(6, 9, generator=g) > 0.4).float()
     torch.testing.assert_close(A.masked_mean(x, m), verl_F.masked_mean(x, m), atol=1e-6, rtol=0)
     torch.testing.assert_close(A.masked_mean(x, m, dim=1), verl_F.masked_mean(x, m, axis=1), atol=1e-6, rtol=0)
+
+
+def test_signal_group_rows_keeps_informative_groups_and_pads_with_flat_ones_to_split():
+    # groups a (flat), b (informative), c (flat), d (informative, one row at 0 stays with its group)
+    adv = torch.tensor([0.0, 0.0, 1.0, -1.0, 0.0, 0.0, 0.0, 0.7])
+    uids = ["a", "a", "b", "b", "c", "c", "d", "d"]
+    assert A.signal_group_rows(adv, uids).tolist() == [2, 3, 6, 7]
+    assert A.signal_group_rows(adv, uids, multiple=4).tolist() == [2, 3, 6, 7]
+    # 2 informative rows, 4 needed per split: the first flat group (a) is added
+    assert A.signal_group_rows(adv[:6], uids[:6], multiple=4).tolist() == [0, 1, 2, 3]
+    # whole groups of 2 reach a multiple of 3 only at all 6 rows
+    assert A.signal_group_rows(adv[:6], uids[:6], multiple=3).tolist() == [0, 1, 2, 3, 4, 5]
+    # no group carries a signal: nothing to train on
+    assert A.signal_group_rows(torch.zeros(4), [1, 1, 2, 2]).numel() == 0
+    with pytest.raises(ValueError, match="multiple"):
+        A.signal_group_rows(adv, uids, multiple=0)

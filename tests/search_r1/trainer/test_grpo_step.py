@@ -186,3 +186,16 @@ def test_a_step_whose_groups_all_scored_alike_does_not_update(make_trainer, synt
     assert m["actor/skipped_updates"] == (1.0 if skip else 0.0)
     # the reference forward only feeds the skipped update's KL term: not run when skipping
     assert ("timing/ref" in m) == (not skip)
+
+
+def test_drop_flat_groups_updates_on_the_informative_group_only(make_trainer, synth_world, tmp_path):
+    trainer = make_trainer(config(synth_world, tmp_path, algorithm={"drop_flat_groups": True}))
+    m, tokens, _ = scripted_step(trainer)
+    # em rewards [1, 0 | 1, 1]: group 1 is flat, so the update (and its reference forward) sees
+    # group 0's two trajectories only, while the reward metrics still cover all four samples
+    assert m["reward/mean"] == 0.75 and m["adv/zero_group_share"] == 0.5
+    assert m["train/trajectories_updated"] == 2.0
+    assert m["actor/update_tokens"] == tokens[0] + tokens[1]
+    # advantages +1, -1 (population std 0.5): pg = -token_mean over group 0's tokens only
+    assert m["actor/pg_loss"] == pytest.approx(-(tokens[0] - tokens[1]) / (tokens[0] + tokens[1]), rel=1e-5, abs=1e-7)
+    assert m["actor/skipped_updates"] == 0.0 and "timing/ref" in m
