@@ -184,6 +184,7 @@ def test_a_step_whose_groups_all_scored_alike_does_not_update(make_trainer, synt
     m, _, _ = scripted_step(trainer, all_right=True)
     assert m["adv/zero_group_share"] == 1.0
     assert m["actor/skipped_updates"] == (1.0 if skip else 0.0)
+    assert m["train/trajectories_updated"] == (0.0 if skip else 4.0)
     # the reference forward only feeds the skipped update's KL term: not run when skipping
     assert ("timing/ref" in m) == (not skip)
 
