@@ -148,7 +148,6 @@ def broadcast_to_tokens(adv: torch.Tensor, response_mask: torch.Tensor) -> torch
     return adv[:, None] * response_mask.to(adv.dtype)  # (N, 1) * (N, L) -> (N, L)
 
 
-
 def signal_group_rows(adv: torch.Tensor, uids: Any, multiple: int = 1) -> torch.Tensor:
     """Rows of the groups that carry a learning signal, for an update that drops flat groups.
 
@@ -184,6 +183,7 @@ def signal_group_rows(adv: torch.Tensor, uids: Any, multiple: int = 1) -> torch.
     if rows % multiple:
         keep[:] = True
     return keep[gid].nonzero().flatten()
+
 
 # --------------------------------------------------------------------------- KL estimators
 
