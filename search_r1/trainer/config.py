@@ -35,6 +35,7 @@ AGG_MODES = tuple(m for m in _ALGO_AGG_MODES if not m.endswith("-sum"))
 KL_TYPES = tuple(KL_ESTIMATORS)
 PROTOCOLS = ("tags", "tool_call")
 WARMSTART_FORMATS = ("search", "no_search", "rag")
+WARMSTART_LR_SCHEDULES = ("constant", "linear")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 
@@ -335,8 +336,10 @@ class WarmstartConfig:
     steps: int = 6
     # Demonstrations per step.
     batch_size: int = 4
-    # AdamW learning rate (constant, no weight decay).
+    # AdamW learning rate (no weight decay).
     lr: float = 1.0e-4
+    # constant | linear (decays to lr / steps at the last step, so the last batches move the model less).
+    lr_schedule: str = "constant"
     # Demonstrations built from train questions (fewer if not enough qualify).
     n_examples: int = 96
     # Share of two-hop questions among them (search format: they search twice, so rollout.max_turns
@@ -358,6 +361,7 @@ class WarmstartConfig:
         _check_range("warmstart.lr", self.lr, 0, lo_open=True)
         _check_range("warmstart.two_hop_share", self.two_hop_share, 0.0, 1.0)
         _check_choice("warmstart.format", self.format, WARMSTART_FORMATS)
+        _check_choice("warmstart.lr_schedule", self.lr_schedule, WARMSTART_LR_SCHEDULES)
 
 
 SECTIONS = {

@@ -60,9 +60,10 @@ from pathlib import Path
 log = logging.getLogger("search_r1.trainer.warmstart")
 
 META_FILE = "warmstart.json"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: two-hop warm-starts batch the kinds evenly (_batches)
 MICRO_BATCH = 2  # rows per forward/backward: ~0.8 GB of activations each for SmolLM2 at ~300 tokens
 FORMATS = ("search", "no_search", "rag")
+LR_SCHEDULES = ("constant", "linear")
 THINK_FIRST = "<think> Look up {subject}. </think>\n"
 # A two-hop plan is stated in the first thought, where the question's wording decides it, so the second
 # turn conditions on the model's own words rather than on a distant question (measured on dev: with
@@ -279,30 +280,37 @@ def build_demos(tokenizer, search_engine, train_files, n_examples: int, seed: in
     return demos
 
 
-def _search_turn(row: dict, protocol: str) -> str:
-    """The demonstration's first policy turn: a search for the question, in the protocol's syntax
-    (for tool_call, in the JSON form the row's prompt shows)."""
-    if protocol == "tags":
-        return THINK_SEARCH.format(subject=row["subject"], query=row["question"])
-    prompt = " ".join(m["content"] for m in row["messages"])
-    if '"action": "web_search"' in prompt:
-        call = {"action": "web_search", "action_input": {"query": row["question"]}}
-    else:
-        call = {"name": "search", "arguments": {"query": row["question"]}}
-    return THINK_TOOL_CALL.format(subject=row["subject"], call=json.dumps(call, ensure_ascii=False))
-
-
 def _batches(demos: list[Demo], batch_size: int, steps: int, seed: int):
-    """`steps` batches cycling through shuffled epochs of the demonstrations."""
+    """`steps` batches cycling through shuffled epochs of the demonstrations.
+
+    With both kinds present, every batch holds the same number of two-hop demonstrations,
+    round(batch_size * their share), each kind cycling through its own shuffled epochs. Why: the first
+    thought's "one search or two" is one token per demonstration, so a batch that happens to be mostly
+    one kind moves the model's bias toward that kind; measured on dev, a 12-step warm-start with random
+    batches preferred the two-hop plan on 100% of single-hop questions and a 24-step one the single-hop
+    plan on 89% of two-hop questions, while ranking the kinds apart (AUC 0.82-0.85) both times.
+    """
     rng = random.Random(seed)
-    order: list[int] = []
+    kinds = {h: [i for i, d in enumerate(demos) if d.hops == h] for h in (1, 2)}
+    if not (kinds[1] and kinds[2]):
+        kinds = {0: list(range(len(demos)))}
+        quota = {0: batch_size}
+    else:
+        n_two = min(batch_size - 1, max(1, round(batch_size * len(kinds[2]) / len(demos))))
+        quota = {1: batch_size - n_two, 2: n_two}
+    orders: dict[int, list[int]] = {h: [] for h in kinds}
     for _ in range(steps):
-        if len(order) < batch_size:
-            epoch = list(range(len(demos)))
-            rng.shuffle(epoch)
-            order += epoch
-        yield [demos[i] for i in order[:batch_size]]
-        del order[:batch_size]
+        batch = []
+        for h, pool in kinds.items():
+            while len(orders[h]) < quota[h]:
+                epoch = list(pool)
+                rng.shuffle(epoch)
+                orders[h] += epoch
+            batch += orders[h][:quota[h]]
+            del orders[h][:quota[h]]
+        if len(kinds) > 1:
+            rng.shuffle(batch)
+        yield [demos[i] for i in batch]
 
 
 def collate(demos: list[Demo], pad_id: int):
@@ -336,11 +344,20 @@ def masked_sft_loss(model, ids, attn, mask):
     return F.cross_entropy(logits, ids[:, 1:][sel], reduction="mean")
 
 
+def lr_at(step: int, steps: int, lr: float, schedule: str) -> float:
+    """Learning rate of optimizer step `step` (0-based) of `steps`: constant, or linear decay
+    lr * (steps - step) / steps (the last step still moves: lr / steps)."""
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"warmstart.lr_schedule={schedule!r} is invalid: allowed {list(LR_SCHEDULES)}")
+    return lr if schedule == "constant" else lr * (steps - step) / steps
+
+
 def train(model, demos: list[Demo], pad_id: int, steps: int, batch_size: int, lr: float, seed: int,
-          compute_dtype: str = "bfloat16", progress: bool = True) -> list[float]:
+          compute_dtype: str = "bfloat16", progress: bool = True, lr_schedule: str = "constant") -> list[float]:
     """Masked SFT in place; returns the loss per step."""
     import torch
 
+    lr_at(0, steps, lr, lr_schedule)  # a bad schedule fails before any work
     torch.manual_seed(seed)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -353,7 +370,9 @@ def train(model, demos: list[Demo], pad_id: int, steps: int, batch_size: int, lr
         from tqdm import tqdm
 
         it = tqdm(it, total=steps, desc="warm-start SFT", mininterval=5)
-    for batch in it:
+    for step, batch in enumerate(it):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, lr, lr_schedule)
         # Micro-batches of MICRO_BATCH rows (activation memory), each weighted by its share of the
         # batch's supervised tokens, so the gradient is the token mean over the whole batch.
         total = sum(sum(d.loss_mask[1:]) for d in batch)
@@ -397,7 +416,7 @@ def is_complete(directory: Path) -> bool:
 def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int, batch_size: int, lr: float,
                      n_examples: int, seed: int, max_obs_length: int, max_tokens_per_turn: int,
                      protocol: str = "tags", fmt: str = "search", two_hop_share: float = 0.0,
-                     compute_dtype: str = "bfloat16", threads: int = 2,
+                     compute_dtype: str = "bfloat16", threads: int = 2, lr_schedule: str = "constant",
                      cache_root: Path | None = None, progress: bool = True) -> tuple[Path, dict]:
     """Path of the warm-started HF directory (built now or reused) and its meta dict."""
     import torch
@@ -409,7 +428,7 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
     demos = build_demos(tokenizer, search_engine, train_files, n_examples, seed, max_obs_length,
                         max_tokens_per_turn, protocol, fmt, two_hop_share)
     settings = dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, compute_dtype=compute_dtype, format=fmt,
-                    two_hop_share=two_hop_share)
+                    two_hop_share=two_hop_share, lr_schedule=lr_schedule)
     key = settings_key(model_name, demos, **settings)
     root = Path(cache_root) if cache_root is not None else home() / "warmstart"
     target = root / key
@@ -424,8 +443,9 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
     try:
         model, _ = load_model_and_tokenizer(model_name, dtype=torch.float32)
         print(f"[warmstart] SFT on {len(demos)} format demonstrations, {steps} steps x {batch_size}, "
-              f"lr {lr}", flush=True)
-        losses = train(model, demos, tokenizer.pad_token_id, steps, batch_size, lr, seed, compute_dtype, progress)
+              f"lr {lr} ({lr_schedule})", flush=True)
+        losses = train(model, demos, tokenizer.pad_token_id, steps, batch_size, lr, seed, compute_dtype, progress,
+                       lr_schedule)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
         try:
             model.save_pretrained(tmp)

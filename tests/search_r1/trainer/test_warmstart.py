@@ -10,8 +10,8 @@ from search_r1.models import load_model_and_tokenizer, load_tokenizer
 from search_r1.protocol import ObservationEncoder, decode_ids
 from search_r1.rewards import check_format_correctness, compute_reward
 from search_r1.search import RetrieverClient
-from search_r1.trainer.warmstart import (build_demos, collate, ensure_warmstart, masked_sft_loss,
-                                          train)
+from search_r1.trainer.warmstart import (Demo, _batches, build_demos, collate, ensure_warmstart, lr_at,
+                                          masked_sft_loss, train)
 
 MODEL = "tiny-random-qwen3"
 OBS, TURN = 64, 64
@@ -159,6 +159,14 @@ def test_sft_lowers_the_loss_and_the_result_is_cached(demos, client, synth_world
     losses = train(model, demos[:2], tok.pad_token_id, steps=4, batch_size=2, lr=1e-3, seed=0,
                    compute_dtype="float32", progress=False)
     assert losses[-1] < losses[0]
+    decayed, _ = load_model_and_tokenizer(MODEL)
+    train(decayed, demos[:2], tok.pad_token_id, steps=4, batch_size=2, lr=1e-3, seed=0, compute_dtype="float32",
+          progress=False, lr_schedule="linear")
+    moved = [(p1 - p0).abs().sum() for p0, p1 in zip(load_model_and_tokenizer(MODEL)[0].parameters(),
+                                                     decayed.parameters())]
+    const = [(p1 - p0).abs().sum() for p0, p1 in zip(load_model_and_tokenizer(MODEL)[0].parameters(),
+                                                     model.parameters())]
+    assert sum(moved) < sum(const)  # the decayed steps move the weights less
 
     kw = dict(steps=1, batch_size=1, lr=1e-3, n_examples=2, seed=0, max_obs_length=OBS,
               max_tokens_per_turn=TURN, compute_dtype="float32", threads=1, cache_root=tmp_path,
@@ -174,3 +182,32 @@ def test_sft_lowers_the_loss_and_the_result_is_cached(demos, client, synth_world
     assert other != path
     assert json.loads((other / "warmstart.json").read_text())["seed"] == 1
     assert len([p for p in tmp_path.iterdir() if not p.name.startswith(".")]) == 2
+
+
+def _fake_demos(hops: list[int]) -> list[Demo]:
+    return [Demo(f"q{i}", ("a",), "", (1, 2), (0, 1), 1, h) for i, h in enumerate(hops)]
+
+
+def test_batches_hold_both_kinds_evenly_and_cycle_through_every_demo():
+    demos = _fake_demos([1] * 12 + [2] * 4)  # a quarter two-hop
+    batches = list(_batches(demos, batch_size=4, steps=12, seed=0))
+    assert all(len(b) == 4 and sum(d.hops == 2 for d in b) == 1 for b in batches)
+    seen = [d.question for b in batches[:4] for d in b if d.hops == 2]
+    assert sorted(seen) == [f"q{i}" for i in range(12, 16)]  # one epoch of the two-hop demos in 4 steps
+    singles = [d.question for b in batches[:4] for d in b if d.hops == 1]
+    assert sorted(singles) == sorted(f"q{i}" for i in range(12))  # and of the single-hop ones
+
+
+def test_batches_of_one_kind_are_shuffled_epochs():
+    demos = _fake_demos([1] * 6)
+    batches = list(_batches(demos, batch_size=4, steps=3, seed=0))
+    flat = [d.question for b in batches for d in b]
+    assert sorted(flat[:6]) == [f"q{i}" for i in range(6)] and len(flat) == 12
+    assert list(_batches(demos, 4, 3, 0)) == batches  # deterministic for a seed
+
+
+def test_lr_schedules():
+    assert [lr_at(s, 4, 1.0, "constant") for s in range(4)] == [1.0] * 4
+    assert [lr_at(s, 4, 1.0, "linear") for s in range(4)] == [1.0, 0.75, 0.5, 0.25]
+    with pytest.raises(ValueError, match="warmstart.lr_schedule"):
+        lr_at(0, 4, 1.0, "cosine")
