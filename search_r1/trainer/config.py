@@ -36,6 +36,7 @@ KL_TYPES = tuple(KL_ESTIMATORS)
 PROTOCOLS = ("tags", "tool_call")
 WARMSTART_FORMATS = ("search", "no_search", "rag")
 WARMSTART_LR_SCHEDULES = ("constant", "linear")
+WARMSTART_BATCHINGS = ("shuffled", "stratified")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 
@@ -340,6 +341,9 @@ class WarmstartConfig:
     lr: float = 1.0e-4
     # constant | linear (decays to lr / steps at the last step, so the last batches move the model less).
     lr_schedule: str = "constant"
+    # shuffled (epochs in random order) | stratified (with two-hop demonstrations: every batch holds
+    # both kinds in the demonstrations' proportion, so no run of one-kind batches sets the plan's bias).
+    batching: str = "shuffled"
     # Demonstrations built from train questions (fewer if not enough qualify).
     n_examples: int = 96
     # Share of two-hop questions among them (search format: they search twice, so rollout.max_turns
@@ -362,6 +366,7 @@ class WarmstartConfig:
         _check_range("warmstart.two_hop_share", self.two_hop_share, 0.0, 1.0)
         _check_choice("warmstart.format", self.format, WARMSTART_FORMATS)
         _check_choice("warmstart.lr_schedule", self.lr_schedule, WARMSTART_LR_SCHEDULES)
+        _check_choice("warmstart.batching", self.batching, WARMSTART_BATCHINGS)
 
 
 SECTIONS = {

@@ -205,6 +205,7 @@ def warm_start(cfg: TrainConfig, data: DataPaths, search_engine, url: str | None
     kwargs = dict(steps=w.steps, batch_size=w.batch_size, lr=w.lr, n_examples=w.n_examples, seed=w.seed,
                   max_obs_length=cfg.rollout.max_obs_length, max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
                   protocol=cfg.data.protocol, fmt=w.format, two_hop_share=w.two_hop_share, lr_schedule=w.lr_schedule,
+                  batching=w.batching,
                   compute_dtype=resolve_dtypes(cfg).model.compute_dtype,
                   threads=cfg.trainer.threads_per_worker)
     files = [str(Path(f).expanduser()) for f in w.train_files] or [str(f) for f in data.train_files]

@@ -60,10 +60,11 @@ from pathlib import Path
 log = logging.getLogger("search_r1.trainer.warmstart")
 
 META_FILE = "warmstart.json"
-FORMAT_VERSION = 3  # 3: two-hop warm-starts batch the kinds evenly (_batches)
+FORMAT_VERSION = 2
 MICRO_BATCH = 2  # rows per forward/backward: ~0.8 GB of activations each for SmolLM2 at ~300 tokens
 FORMATS = ("search", "no_search", "rag")
 LR_SCHEDULES = ("constant", "linear")
+BATCHINGS = ("shuffled", "stratified")
 THINK_FIRST = "<think> Look up {subject}. </think>\n"
 # A two-hop plan is stated in the first thought, where the question's wording decides it, so the second
 # turn conditions on the model's own words rather than on a distant question (measured on dev: with
@@ -280,19 +281,22 @@ def build_demos(tokenizer, search_engine, train_files, n_examples: int, seed: in
     return demos
 
 
-def _batches(demos: list[Demo], batch_size: int, steps: int, seed: int):
+def _batches(demos: list[Demo], batch_size: int, steps: int, seed: int, batching: str = "shuffled"):
     """`steps` batches cycling through shuffled epochs of the demonstrations.
 
-    With both kinds present, every batch holds the same number of two-hop demonstrations,
-    round(batch_size * their share), each kind cycling through its own shuffled epochs. Why: the first
-    thought's "one search or two" is one token per demonstration, so a batch that happens to be mostly
-    one kind moves the model's bias toward that kind; measured on dev, a 12-step warm-start with random
-    batches preferred the two-hop plan on 100% of single-hop questions and a 24-step one the single-hop
-    plan on 89% of two-hop questions, while ranking the kinds apart (AUC 0.82-0.85) both times.
+    batching="stratified" (with both kinds present): every batch holds the same number of two-hop
+    demonstrations, round(batch_size * their share), each kind cycling through its own shuffled
+    epochs. Why: the first thought's one-or-two-search plan is one token per demonstration, so batches
+    that happen to hold mostly one kind move the model's bias toward it; measured on dev with shuffled
+    batches, the 12-step warm-start preferred the two-hop plan on 100% of single-hop questions and the
+    24-step one the single-hop plan on 89% of two-hop ones, though both ranked the kinds apart
+    (AUC 0.82-0.85).
     """
+    if batching not in BATCHINGS:
+        raise ValueError(f"warmstart.batching={batching!r} is invalid: allowed {list(BATCHINGS)}")
     rng = random.Random(seed)
     kinds = {h: [i for i, d in enumerate(demos) if d.hops == h] for h in (1, 2)}
-    if not (kinds[1] and kinds[2]):
+    if batching == "shuffled" or not (kinds[1] and kinds[2]):
         kinds = {0: list(range(len(demos)))}
         quota = {0: batch_size}
     else:
@@ -353,7 +357,8 @@ def lr_at(step: int, steps: int, lr: float, schedule: str) -> float:
 
 
 def train(model, demos: list[Demo], pad_id: int, steps: int, batch_size: int, lr: float, seed: int,
-          compute_dtype: str = "bfloat16", progress: bool = True, lr_schedule: str = "constant") -> list[float]:
+          compute_dtype: str = "bfloat16", progress: bool = True, lr_schedule: str = "constant",
+          batching: str = "shuffled") -> list[float]:
     """Masked SFT in place; returns the loss per step."""
     import torch
 
@@ -365,7 +370,7 @@ def train(model, demos: list[Demo], pad_id: int, steps: int, batch_size: int, lr
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if compute_dtype == "bfloat16"
                 else contextlib.nullcontext())
     losses = []
-    it = _batches(demos, batch_size, steps, seed)
+    it = _batches(demos, batch_size, steps, seed, batching)
     if progress:
         from tqdm import tqdm
 
@@ -417,7 +422,7 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
                      n_examples: int, seed: int, max_obs_length: int, max_tokens_per_turn: int,
                      protocol: str = "tags", fmt: str = "search", two_hop_share: float = 0.0,
                      compute_dtype: str = "bfloat16", threads: int = 2, lr_schedule: str = "constant",
-                     cache_root: Path | None = None, progress: bool = True) -> tuple[Path, dict]:
+                     batching: str = "shuffled", cache_root: Path | None = None, progress: bool = True) -> tuple[Path, dict]:
     """Path of the warm-started HF directory (built now or reused) and its meta dict."""
     import torch
 
@@ -428,7 +433,11 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
     demos = build_demos(tokenizer, search_engine, train_files, n_examples, seed, max_obs_length,
                         max_tokens_per_turn, protocol, fmt, two_hop_share)
     settings = dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, compute_dtype=compute_dtype, format=fmt,
-                    two_hop_share=two_hop_share, lr_schedule=lr_schedule)
+                    two_hop_share=two_hop_share)
+    # Knobs added later enter the key only when set away from their default, so the warm-starts cached
+    # before they existed (built exactly that way) keep their keys.
+    settings |= {k: v for k, v in dict(lr_schedule=lr_schedule, batching=batching).items()
+                 if v != {"lr_schedule": "constant", "batching": "shuffled"}[k]}
     key = settings_key(model_name, demos, **settings)
     root = Path(cache_root) if cache_root is not None else home() / "warmstart"
     target = root / key
@@ -443,15 +452,16 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
     try:
         model, _ = load_model_and_tokenizer(model_name, dtype=torch.float32)
         print(f"[warmstart] SFT on {len(demos)} format demonstrations, {steps} steps x {batch_size}, "
-              f"lr {lr} ({lr_schedule})", flush=True)
+              f"lr {lr} ({lr_schedule}), {batching} batches", flush=True)
         losses = train(model, demos, tokenizer.pad_token_id, steps, batch_size, lr, seed, compute_dtype, progress,
-                       lr_schedule)
+                       lr_schedule, batching)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
         try:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             meta = {"format_version": FORMAT_VERSION, "base_model": model_name, "n_demos": len(demos),
-                    **settings, "max_obs_length": max_obs_length, "max_tokens_per_turn": max_tokens_per_turn,
+                    **settings, "lr_schedule": lr_schedule, "batching": batching,
+                    "max_obs_length": max_obs_length, "max_tokens_per_turn": max_tokens_per_turn,
                     "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
                     "seconds": round(time.perf_counter() - t0, 1), "example": demos[0].response_text}
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2))

@@ -68,6 +68,7 @@ def test_hydra_overrides_reach_the_dataclasses():
     (["trainer.loggers=[console,mlflow]"], ["loggers", "mlflow", "wandb"]),
     (["model.compute_dtype=fp16"], ["model.compute_dtype", "'fp16'", "'auto'"]),
     (["warmstart.format=chat"], ["warmstart.format", "'no_search'", "'rag'"]),
+    (["warmstart.batching=random"], ["warmstart.batching", "'shuffled'", "'stratified'"]),
     (["warmstart.lr_schedule=cosine"], ["warmstart.lr_schedule", "'constant'", "'linear'"]),
     (["warmstart.two_hop_share=0.5", "rollout.max_turns=1"], ["warmstart.two_hop_share", "rollout.max_turns=2"]),
     (["rollout.backend=sglang"], ["rollout.backend", "'hf'", "'vllm'"]),

@@ -190,7 +190,7 @@ def _fake_demos(hops: list[int]) -> list[Demo]:
 
 def test_batches_hold_both_kinds_evenly_and_cycle_through_every_demo():
     demos = _fake_demos([1] * 12 + [2] * 4)  # a quarter two-hop
-    batches = list(_batches(demos, batch_size=4, steps=12, seed=0))
+    batches = list(_batches(demos, batch_size=4, steps=12, seed=0, batching="stratified"))
     assert all(len(b) == 4 and sum(d.hops == 2 for d in b) == 1 for b in batches)
     seen = [d.question for b in batches[:4] for d in b if d.hops == 2]
     assert sorted(seen) == [f"q{i}" for i in range(12, 16)]  # one epoch of the two-hop demos in 4 steps
