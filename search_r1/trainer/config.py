@@ -25,6 +25,9 @@ from search_r1.algos import AGG_MODES as _ALGO_AGG_MODES
 from search_r1.algos import KL_ESTIMATORS, ROLLOUT_IS_LEVELS, STD_MODES
 from search_r1.dtypes import DTYPE_CHOICES
 from search_r1.rewards import REWARD_FNS
+from search_r1.trainer.warmstart import BATCHINGS as WARMSTART_BATCHINGS
+from search_r1.trainer.warmstart import FORMATS as WARMSTART_FORMATS
+from search_r1.trainer.warmstart import LR_SCHEDULES as WARMSTART_LR_SCHEDULES
 
 # The trainer's Hydra configs, inside the package so an installed (non-editable) copy has them.
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -34,9 +37,6 @@ DTYPES = DTYPE_CHOICES  # auto | float32 | bfloat16 (auto: search_r1.dtypes meas
 AGG_MODES = tuple(m for m in _ALGO_AGG_MODES if not m.endswith("-sum"))
 KL_TYPES = tuple(KL_ESTIMATORS)
 PROTOCOLS = ("tags", "tool_call")
-WARMSTART_FORMATS = ("search", "no_search", "rag")
-WARMSTART_LR_SCHEDULES = ("constant", "linear")
-WARMSTART_BATCHINGS = ("shuffled", "stratified")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 

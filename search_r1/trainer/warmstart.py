@@ -422,7 +422,8 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
                      n_examples: int, seed: int, max_obs_length: int, max_tokens_per_turn: int,
                      protocol: str = "tags", fmt: str = "search", two_hop_share: float = 0.0,
                      compute_dtype: str = "bfloat16", threads: int = 2, lr_schedule: str = "constant",
-                     batching: str = "shuffled", cache_root: Path | None = None, progress: bool = True) -> tuple[Path, dict]:
+                     batching: str = "shuffled", cache_root: Path | None = None,
+                     progress: bool = True) -> tuple[Path, dict]:
     """Path of the warm-started HF directory (built now or reused) and its meta dict."""
     import torch
 
@@ -436,8 +437,10 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
                     two_hop_share=two_hop_share)
     # Knobs added later enter the key only when set away from their default, so the warm-starts cached
     # before they existed (built exactly that way) keep their keys.
-    settings |= {k: v for k, v in dict(lr_schedule=lr_schedule, batching=batching).items()
-                 if v != {"lr_schedule": "constant", "batching": "shuffled"}[k]}
+    if lr_schedule != "constant":
+        settings["lr_schedule"] = lr_schedule
+    if batching != "shuffled":
+        settings["batching"] = batching
     key = settings_key(model_name, demos, **settings)
     root = Path(cache_root) if cache_root is not None else home() / "warmstart"
     target = root / key

@@ -68,8 +68,8 @@ def warmstart_dir(name: str, *, _root_) -> str:
     project's warm-start (masked SFT on demonstrations built from warmstart.train_files, else
     data.train_files, with passages from the run's retriever, cut to search_r1.max_obs_length) fixes
     that; its settings come from the config's `warmstart:` group (search_r1.trainer.config.WarmstartConfig:
-    steps, batch_size, lr, lr_schedule, batching, n_examples, seed, format, two_hop_share, train_files; enabled=false returns
-    NAME's own directory). The result is cached under
+    steps, batch_size, lr, lr_schedule, batching, n_examples, seed, format, two_hop_share, train_files;
+    enabled=false returns NAME's own directory). The result is cached under
     $SEARCH_R1_HOME/warmstart by settings and demonstrations, so only the first run trains; verl
     resolves the config in the driver and in its task runner, and a file lock keeps that to one build.
     The retriever in search_r1.retriever.urls must be up (it is queried for the demonstrations).
