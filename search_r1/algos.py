@@ -148,6 +148,24 @@ def broadcast_to_tokens(adv: torch.Tensor, response_mask: torch.Tensor) -> torch
     return adv[:, None] * response_mask.to(adv.dtype)  # (N, 1) * (N, L) -> (N, L)
 
 
+def zero_leading_tokens(x: torch.Tensor, counts: Any) -> torch.Tensor:
+    """A copy of x with the first counts[i] columns of row i set to 0.
+
+    Used to keep a trajectory's first generation round (its plan and first query) out of the
+    policy-gradient term: with A = 0 on a token, PPO-clip gives it no gradient, while the KL term,
+    which does not read the advantages, still holds it near the reference.
+
+    Shapes: x (N, L), counts (N,) ints in [0, L] -> (N, L).
+    """
+    counts = torch.as_tensor(counts, dtype=torch.long)
+    if x.dim() != 2 or counts.shape != (x.shape[0],):
+        raise ValueError(f"need x (N, L) and counts (N,); got {tuple(x.shape)} and {tuple(counts.shape)}")
+    if counts.numel() and (int(counts.min()) < 0 or int(counts.max()) > x.shape[1]):
+        raise ValueError(f"counts must lie in [0, {x.shape[1]}], got {counts.min().item()}..{counts.max().item()}")
+    keep = torch.arange(x.shape[1])[None, :] >= counts[:, None]  # (N, L)
+    return x * keep.to(x.dtype)
+
+
 def signal_group_rows(adv: torch.Tensor, uids: Any, multiple: int = 1) -> torch.Tensor:
     """Rows of the groups that carry a learning signal, for an update that drops flat groups.
 

@@ -61,6 +61,7 @@ class Episode:
     prompt_cut: int = 0  # tokens the driver cut from the left of an over-long prompt
     generated_tokens: int = 0  # tokens kept from the generator (info_mask == 1)
     observation_tokens: int = 0  # environment tokens appended (info_mask == 0)
+    first_turn_tokens: int = 0  # tokens of the first generation round (the response's first tokens)
     finished: bool = False
     answered: bool = False
     truncated: bool = False
@@ -130,6 +131,8 @@ class Episode:
         self.info_mask += [1] * len(token_ids)
         self.logprobs += logprobs
         self.generated_tokens += len(token_ids)
+        if self.turns == 0:
+            self.first_turn_tokens = len(token_ids)
         if allow_search is None:
             allow_search = self.turns < self.limits.max_turns
         self.turns += 1

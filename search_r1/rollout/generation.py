@@ -190,7 +190,8 @@ class LLMGenerationManager:
         and meta_info (added to the input's): per-row lists `turns_stats`, `active_mask` (True = never
         answered), `valid_action_stats`, `valid_search_stats`, `search_failure_stats`,
         `truncated_mask`, `generated_token_stats`, `observation_token_stats`, `prompt_cut_stats`
-        (tokens cut from the prompt's left); totals in
+        (tokens cut from the prompt's left), `first_turn_token_stats` (tokens of the first generation
+        round, which open the response); totals in
         `rollout_stats`; seconds in `timing` (`gen_s`, `search_s`, `loop_s` = the rest, `total_s`).
         """
         t_start = time.perf_counter()
@@ -335,6 +336,7 @@ class LLMGenerationManager:
             "generated_token_stats": [ep.generated_tokens for ep in episodes],
             "observation_token_stats": [ep.observation_tokens for ep in episodes],
             "prompt_cut_stats": [ep.prompt_cut for ep in episodes],
+            "first_turn_token_stats": [ep.first_turn_tokens for ep in episodes],
             "rollout_stats": {
                 "rounds": c.rounds,
                 "search_calls": c.search_calls,

@@ -226,6 +226,13 @@ class AlgorithmConfig:
     # same update cost. Reward and rollout metrics still cover every sample
     # (`train/trajectories_updated` counts the kept ones). false = verl's behaviour.
     drop_flat_groups: bool = False
+    # Whether the first generation round (the opening thought, which states the plan - one search
+    # or two - and the first query) gets a policy gradient. false keeps those tokens' advantages at
+    # 0, so RL trains the later rounds (the follow-up query, reading, the answer) and the plan stays
+    # the warm-start's, held by the KL term. Why: the plan hangs on one token shared by every
+    # question, and the few groups that disagree on it walk its bias (README, "Does it learn?").
+    # true = verl's behaviour (every generated token is trained).
+    pg_first_turn: bool = True
 
     def __post_init__(self):
         _check_choice("algorithm.reward", self.reward, tuple(sorted(REWARD_FNS)))

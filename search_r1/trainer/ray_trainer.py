@@ -29,7 +29,7 @@ import torch
 from tqdm import tqdm
 from verl import DataProto
 
-from search_r1.algos import broadcast_to_tokens, compute_grpo_advantages, signal_group_rows
+from search_r1.algos import broadcast_to_tokens, compute_grpo_advantages, signal_group_rows, zero_leading_tokens
 from search_r1.data.dataset import repeat_interleave
 from search_r1.evaluation.metrics import OVERALL, aggregate, score_response
 from search_r1.rewards import check_format_correctness, em_score, get_reward_fn
@@ -188,6 +188,9 @@ class RayGRPOTrainer:
             adv = compute_grpo_advantages(batch.batch["token_level_scores"].sum(-1), batch.non_tensor_batch["uid"],
                                           eps=alg.eps, std=alg.grpo_std)  # (N,)
             batch.batch["advantages"] = broadcast_to_tokens(adv, batch.batch["response_mask"])  # (N, R)
+            if not alg.pg_first_turn:  # the plan turn keeps its KL term, loses its policy gradient
+                batch.batch["advantages"] = zero_leading_tokens(batch.batch["advantages"],
+                                                                batch.meta_info["first_turn_token_stats"])
         train = batch
         if alg.drop_flat_groups:  # train on the groups with a signal only (and the forward passes too)
             rows = signal_group_rows(adv, batch.non_tensor_batch["uid"], self.n_mini_batches * self.wg.world_size)

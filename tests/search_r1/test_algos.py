@@ -101,6 +101,17 @@ def test_broadcast_to_tokens():
         A.broadcast_to_tokens(adv, mask[:1])
 
 
+def test_zero_leading_tokens():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+    out = A.zero_leading_tokens(x, [2, 0, 3])
+    assert out.tolist() == [[0.0, 0.0, 3.0], [4.0, 5.0, 6.0], [0.0, 0.0, 0.0]]
+    assert x[0, 0] == 1.0  # a copy: the input is left alone
+    with pytest.raises(ValueError, match=r"counts must lie in \[0, 3\]"):
+        A.zero_leading_tokens(x, [4, 0, 0])
+    with pytest.raises(ValueError, match=r"x \(N, L\) and counts \(N,\)"):
+        A.zero_leading_tokens(x, [1, 1])
+
+
 def test_k3_hand():
     # pi = 0.5, ref = 0.25: d = ln(0.25/0.5) = -0.693147, ratio = 0.5,
     #   k3 = 0.5 - (-0.693147) - 1 = 0.193147

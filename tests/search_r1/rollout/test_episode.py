@@ -28,6 +28,7 @@ def test_search_then_answer_layout():
     assert ep.logprobs == [-0.1, -0.2, 0.0, 0.0, 0.0, -0.3]
     assert (ep.turns, ep.valid_actions, ep.valid_searches) == (2, 2, 1)
     assert (ep.generated_tokens, ep.observation_tokens) == (3, 3)
+    assert ep.first_turn_tokens == 2  # the first round's tokens open the response; later rounds leave it
 
 
 def test_invalid_action_then_final_round_without_search():

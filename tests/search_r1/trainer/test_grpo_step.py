@@ -200,3 +200,34 @@ def test_drop_flat_groups_updates_on_the_informative_group_only(make_trainer, sy
     # advantages +1, -1 (population std 0.5): pg = -token_mean over group 0's tokens only
     assert m["actor/pg_loss"] == pytest.approx(-(tokens[0] - tokens[1]) / (tokens[0] + tokens[1]), rel=1e-5, abs=1e-7)
     assert m["actor/skipped_updates"] == 0.0 and "timing/ref" in m
+
+
+@pytest.mark.parametrize("pg_first_turn", [True, False])
+def test_pg_first_turn_false_trains_only_the_rounds_after_the_first(make_trainer, synth_world, tmp_path,
+                                                                    pg_first_turn):
+    trainer = make_trainer(config(synth_world, tmp_path, rollout={"max_turns": 1},
+                                  algorithm={"pg_first_turn": pg_first_turn}))
+    batch = trainer.train_loader.next_batch()
+    golds = [list(g)[0] for g in batch.non_tensor_batch["golden_answers"]]
+    prompts = [ids[m.bool()].tolist() for ids, m in zip(batch.batch["input_ids"], batch.batch["attention_mask"])]
+    # Per prompt, round 1 serves turns 0 and 1 (one per sample), round 2 turns 2 and 3: each sample
+    # searches, reads the real retriever's passages, then answers. em rewards [1, 0 | 1, 1].
+    searches = ["<search> who was it </search>", "<search> a longer query about it all </search>"]
+    texts = [searches + [f"<answer> {golds[0]} </answer>", "<answer> nothing at all </answer>"],
+             searches + [f"<answer> {golds[1]} </answer>", f"<answer> {golds[1]} </answer>"]]
+    gen = ScriptedGenerator(trainer.tokenizer, prompts, texts)
+    gen.seconds = gen.worker_seconds = 0.0
+    trainer.generator = gen
+    m = trainer.train_step(batch, step=1)
+
+    def n(text):
+        return len(trainer.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    first, answers = [n(searches[0]), n(searches[1])] * 2, [n(t) for row in texts for t in row[2:]]
+    assert m["reward/mean"] == 0.75 and m["actor/kl_loss"] == pytest.approx(0.0, abs=1e-9)
+    # every generated token is in the update and its normaliser; the observations are not
+    assert m["actor/update_tokens"] == sum(first) + sum(answers)
+    # group 0: advantages +1 (sample 0), -1 (sample 1); with the first round left out, only the
+    # answer tokens carry them
+    signed = [first[0] + answers[0], -(first[1] + answers[1])] if pg_first_turn else [answers[0], -answers[1]]
+    assert m["actor/pg_loss"] == pytest.approx(-sum(signed) / (sum(first) + sum(answers)), rel=1e-5)
