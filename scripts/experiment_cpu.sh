@@ -230,7 +230,7 @@ from pathlib import Path
 
 demo_step, runs = int(sys.argv[1]), [Path(p) for p in sys.argv[2:]]
 print("### Dev EM (greedy validation by the trainer), per run\n")
-print(f"| run | dtype | before | at step {demo_step} | after | two-hop before -> after | no lower than before |")
+print(f"| run | dtype | before | at step {demo_step} | after | two-hop before -> after | not below before (step {demo_step} and after) |")
 print("|---|---|---|---|---|---|---|")
 before = {}
 for run in runs:
