@@ -48,26 +48,39 @@ PLOT_PANELS = (
 
 
 def per_source_training_metrics(sources: Sequence[str], em: Sequence[float], advantages: Sequence[float],
-                                scores: Sequence[float]) -> dict[str, float]:
+                                scores: Sequence[float], searches: Sequence[float]) -> dict[str, float]:
     """Training-batch statistics split by data source (one entry per trajectory, N of them).
 
     Returns, for every source s present, with N_s its trajectories:
       reward/<s>/em              = mean EM over the N_s trajectories,
       reward/<s>/mean            = mean training reward,
       adv/<s>/zero_group_share   = share of the N_s trajectories whose GRPO advantage is exactly 0
-                                   (their whole group scored alike, so they carry no gradient).
+                                   (their whole group scored alike, so they carry no gradient),
+      env/<s>/searches_mean      = mean number of valid searches per trajectory,
+    and for every number of searches k that occurs among them, with N_sk those trajectories:
+      env/<s>/share_searches<k>  = N_sk / N_s,
+      reward/<s>/em_searches<k>  = mean EM over the N_sk,
+      adv/<s>/mean_searches<k>   = mean GRPO advantage over the N_sk.
     Why: a batch mixing single-hop and two-hop questions can show a healthy overall zero-advantage
-    share while every two-hop group is uniform, and only the split shows which kind is learning.
+    share while every two-hop group is uniform, and only the split shows which kind is learning. The
+    split by searches shows which habit the step rewards: a positive adv/<s>/mean_searches1 pushes the
+    policy toward answering after one search on questions of kind s, and the habit is shared across kinds.
     """
-    if not (len(sources) == len(em) == len(advantages) == len(scores)):
+    if not (len(sources) == len(em) == len(advantages) == len(scores) == len(searches)):
         raise ValueError(f"per_source_training_metrics: lengths differ (sources {len(sources)}, em {len(em)}, "
-                         f"advantages {len(advantages)}, scores {len(scores)})")
+                         f"advantages {len(advantages)}, scores {len(scores)}, searches {len(searches)})")
     out: dict[str, float] = {}
     for source in sorted(set(map(str, sources))):
         idx = [i for i, s in enumerate(sources) if str(s) == source]
         out[f"reward/{source}/em"] = sum(float(em[i]) for i in idx) / len(idx)
         out[f"reward/{source}/mean"] = sum(float(scores[i]) for i in idx) / len(idx)
         out[f"adv/{source}/zero_group_share"] = sum(float(advantages[i]) == 0.0 for i in idx) / len(idx)
+        out[f"env/{source}/searches_mean"] = sum(float(searches[i]) for i in idx) / len(idx)
+        for k in sorted({int(searches[i]) for i in idx}):
+            sub = [i for i in idx if int(searches[i]) == k]
+            out[f"env/{source}/share_searches{k}"] = len(sub) / len(idx)
+            out[f"reward/{source}/em_searches{k}"] = sum(float(em[i]) for i in sub) / len(sub)
+            out[f"adv/{source}/mean_searches{k}"] = sum(float(advantages[i]) for i in sub) / len(sub)
     return out
 
 

@@ -231,7 +231,8 @@ class RayGRPOTrainer:
         metrics["adv/zero_group_share"] = float((adv == 0).float().mean())
         # trajectories the update trained on (0 when every mini-batch was skipped for lack of a signal)
         metrics["train/trajectories_updated"] = 0.0 if metrics["actor/skipped_updates"] >= 1.0 else float(len(train))
-        metrics.update(per_source_training_metrics(batch.non_tensor_batch["data_source"], ems, adv.tolist(), scores))
+        metrics.update(per_source_training_metrics(batch.non_tensor_batch["data_source"], ems, adv.tolist(), scores,
+                                                   batch.meta_info["valid_search_stats"]))
         return metrics
 
     # -- rewards ------------------------------------------------------------------------------------

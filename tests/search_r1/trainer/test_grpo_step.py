@@ -116,6 +116,9 @@ def test_grpo_step_with_known_rewards_gives_the_hand_computed_advantages_and_los
         expected = {sources[0]: (0.5, 0.0), sources[1]: (1.0, 1.0)}
     for source, (em, zero) in expected.items():
         assert (m[f"reward/{source}/em"], m[f"adv/{source}/zero_group_share"]) == (em, zero), source
+        # bare answers: no search, so every trajectory falls in the zero-search split
+        assert (m[f"env/{source}/searches_mean"], m[f"env/{source}/share_searches0"]) == (0.0, 1.0), source
+        assert m[f"reward/{source}/em_searches0"] == em and f"env/{source}/share_searches1" not in m, source
     # first update on-policy (ratio 1) and the reference is the policy: pg = -token_mean(A), KL 0
     assert m["actor/update_tokens"] == sum(tokens)
     assert m["actor/pg_loss"] == pytest.approx(-sum(x * n for x, n in zip(adv, tokens)) / sum(tokens), rel=1e-5)
@@ -225,6 +228,9 @@ def test_pg_first_turn_false_trains_only_the_rounds_after_the_first(make_trainer
 
     first, answers = [n(searches[0]), n(searches[1])] * 2, [n(t) for row in texts for t in row[2:]]
     assert m["reward/mean"] == 0.75 and m["actor/kl_loss"] == pytest.approx(0.0, abs=1e-9)
+    # every sample searched once: the per-source split by searches reads the rollout's search counts
+    for source in set(map(str, batch.non_tensor_batch["data_source"])):
+        assert (m[f"env/{source}/searches_mean"], m[f"env/{source}/share_searches1"]) == (1.0, 1.0), source
     # every generated token is in the update and its normaliser; the observations are not
     assert m["actor/update_tokens"] == sum(first) + sum(answers)
     # group 0: advantages +1 (sample 0), -1 (sample 1); with the first round left out, only the

@@ -164,16 +164,22 @@ def test_plot_has_a_panel_for_the_rollout_vs_old_gap(tmp_path):
 
 
 def test_per_source_training_metrics_hand_computed():
-    # two groups of 2: a two-hop group scored alike (advantage 0), a single-hop group that differs
+    # two groups of 2: a two-hop group scored alike (advantage 0), a single-hop group that differs,
+    # where the one-search sample was right and the two-search one wrong
     sources = ["synth_hotpotqa", "synth_hotpotqa", "synth_nq", "synth_nq"]
     out = per_source_training_metrics(sources, em=[0, 0, 1, 0], advantages=[0.0, 0.0, 0.7, -0.7],
-                                      scores=[0.5, 0.5, 2.5, 0.5])
+                                      scores=[0.5, 0.5, 2.5, 0.5], searches=[2, 2, 1, 2])
     assert out == {
         "reward/synth_hotpotqa/em": 0.0, "reward/synth_hotpotqa/mean": 0.5, "adv/synth_hotpotqa/zero_group_share": 1.0,
+        "env/synth_hotpotqa/searches_mean": 2.0, "env/synth_hotpotqa/share_searches2": 1.0,
+        "reward/synth_hotpotqa/em_searches2": 0.0, "adv/synth_hotpotqa/mean_searches2": 0.0,
         "reward/synth_nq/em": 0.5, "reward/synth_nq/mean": 1.5, "adv/synth_nq/zero_group_share": 0.0,
+        "env/synth_nq/searches_mean": 1.5,
+        "env/synth_nq/share_searches1": 0.5, "reward/synth_nq/em_searches1": 1.0, "adv/synth_nq/mean_searches1": 0.7,
+        "env/synth_nq/share_searches2": 0.5, "reward/synth_nq/em_searches2": 0.0, "adv/synth_nq/mean_searches2": -0.7,
     }
 
 
 def test_per_source_training_metrics_rejects_mismatched_lengths():
     with pytest.raises(ValueError, match="lengths differ"):
-        per_source_training_metrics(["a", "b"], em=[1], advantages=[0.0, 0.0], scores=[1.0, 1.0])
+        per_source_training_metrics(["a", "b"], em=[1], advantages=[0.0, 0.0], scores=[1.0, 1.0], searches=[1, 1])
