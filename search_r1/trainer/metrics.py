@@ -69,18 +69,23 @@ def per_source_training_metrics(sources: Sequence[str], em: Sequence[float], adv
     if not (len(sources) == len(em) == len(advantages) == len(scores) == len(searches)):
         raise ValueError(f"per_source_training_metrics: lengths differ (sources {len(sources)}, em {len(em)}, "
                          f"advantages {len(advantages)}, scores {len(scores)}, searches {len(searches)})")
+
+    def mean(values: Sequence[float], rows: list[int]) -> float:
+        return sum(float(values[i]) for i in rows) / len(rows)
+
+    zero = [float(a) == 0.0 for a in advantages]
     out: dict[str, float] = {}
     for source in sorted(set(map(str, sources))):
         idx = [i for i, s in enumerate(sources) if str(s) == source]
-        out[f"reward/{source}/em"] = sum(float(em[i]) for i in idx) / len(idx)
-        out[f"reward/{source}/mean"] = sum(float(scores[i]) for i in idx) / len(idx)
-        out[f"adv/{source}/zero_group_share"] = sum(float(advantages[i]) == 0.0 for i in idx) / len(idx)
-        out[f"env/{source}/searches_mean"] = sum(float(searches[i]) for i in idx) / len(idx)
+        out[f"reward/{source}/em"] = mean(em, idx)
+        out[f"reward/{source}/mean"] = mean(scores, idx)
+        out[f"adv/{source}/zero_group_share"] = mean(zero, idx)
+        out[f"env/{source}/searches_mean"] = mean(searches, idx)
         for k in sorted({int(searches[i]) for i in idx}):
             sub = [i for i in idx if int(searches[i]) == k]
             out[f"env/{source}/share_searches{k}"] = len(sub) / len(idx)
-            out[f"reward/{source}/em_searches{k}"] = sum(float(em[i]) for i in sub) / len(sub)
-            out[f"adv/{source}/mean_searches{k}"] = sum(float(advantages[i]) for i in sub) / len(sub)
+            out[f"reward/{source}/em_searches{k}"] = mean(em, sub)
+            out[f"adv/{source}/mean_searches{k}"] = mean(advantages, sub)
     return out
 
 
