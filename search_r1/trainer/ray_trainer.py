@@ -191,9 +191,12 @@ class RayGRPOTrainer:
             if not alg.pg_first_turn:  # the plan turn keeps its KL term, loses its policy gradient
                 batch.batch["advantages"] = zero_leading_tokens(batch.batch["advantages"],
                                                                 batch.meta_info["first_turn_token_stats"])
+        # A row's signal is in its token advantages: with pg_first_turn=false a trajectory that ended in
+        # its first round (answered without searching) has a non-zero advantage but no token carrying it.
+        row_signal = batch.batch["advantages"].ne(0).any(-1).float()  # (N,) 1 = some token has A != 0
         train = batch
         if alg.drop_flat_groups:  # train on the groups with a signal only (and the forward passes too)
-            rows = signal_group_rows(adv, batch.non_tensor_batch["uid"], self.n_mini_batches * self.wg.world_size)
+            rows = signal_group_rows(row_signal, batch.non_tensor_batch["uid"], self.n_mini_batches * self.wg.world_size)
             if 0 < len(rows) < len(batch):
                 train = batch.select_idxs(rows)
         if self.old_is_current:  # one update per batch: the update's own forward gives pi_old
@@ -205,7 +208,7 @@ class RayGRPOTrainer:
             train = train.union(_drop_meta(out))
         # Reference log-probs feed only the update's KL term: when the workers will skip every
         # mini-batch (all advantages 0, algorithm.skip_zero_advantage), that forward pass is not needed.
-        informative = bool((adv != 0).any())
+        informative = bool(row_signal.any())
         if alg.kl_coef > 0 and (informative or not alg.skip_zero_advantage):
             with timed(timing, "ref"):
                 out = self.wg.compute_ref_log_prob(train.select(batch_keys=LOGPROB_KEYS))

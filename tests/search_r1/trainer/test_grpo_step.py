@@ -237,3 +237,31 @@ def test_pg_first_turn_false_trains_only_the_rounds_after_the_first(make_trainer
     # answer tokens carry them
     signed = [first[0] + answers[0], -(first[1] + answers[1])] if pg_first_turn else [answers[0], -answers[1]]
     assert m["actor/pg_loss"] == pytest.approx(-sum(signed) / (sum(first) + sum(answers)), rel=1e-5)
+
+
+def test_drop_flat_groups_reads_token_advantages_when_the_first_round_is_left_out(make_trainer, synth_world,
+                                                                                   tmp_path):
+    """pg_first_turn=false zeroes a trajectory's first round; a group whose samples all answered in
+    that round carries no token advantage, so drop_flat_groups must drop it (it used to keep it on
+    its non-zero sequence advantages, adding its KL term and tokens to the update)."""
+    trainer = make_trainer(config(synth_world, tmp_path, rollout={"max_turns": 1},
+                                  algorithm={"pg_first_turn": False, "drop_flat_groups": True}))
+    batch = trainer.train_loader.next_batch()
+    golds = [list(g)[0] for g in batch.non_tensor_batch["golden_answers"]]
+    prompts = [ids[m.bool()].tolist() for ids, m in zip(batch.batch["input_ids"], batch.batch["attention_mask"])]
+    # prompt 0: both samples answer at once, right and wrong (em [1, 0]: sequence advantages +-1, all
+    # in the first round); prompt 1: both search, then answer right and wrong (advantages on the answers)
+    searches = ["<search> who was it </search>", "<search> a longer query about it all </search>"]
+    texts = [[f"<answer> {golds[0]} </answer>", "<answer> nothing at all </answer>"],
+             searches + [f"<answer> {golds[1]} </answer>", "<answer> nothing at all </answer>"]]
+    gen = ScriptedGenerator(trainer.tokenizer, prompts, texts)
+    gen.seconds = gen.worker_seconds = 0.0
+    trainer.generator = gen
+    m = trainer.train_step(batch, step=1)
+
+    def n(text):
+        return len(trainer.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    assert m["reward/mean"] == 0.5 and m["adv/zero_group_share"] == 0.0  # both groups have sequence signal
+    assert m["train/trajectories_updated"] == 2.0  # ... but only prompt 1's trajectories carry it on tokens
+    assert m["actor/update_tokens"] == sum(map(n, texts[1]))
