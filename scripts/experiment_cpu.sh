@@ -40,8 +40,12 @@
 #   EXP_TEST_LIMIT (0: no overall cap)      EXP_EVAL_BATCH (32)     EXP_THREADS (2)
 #   EXP_BACKEND (auto: vllm when the trainer's lookup finds a python with vLLM, else hf)
 #   EXP_REUSE (1: a finished GRPO run trained with the same arguments is not trained again)   PYTHON
-#   EXP_GRPO_SOURCES (empty = all: data_sources GRPO trains on, e.g. synth_hotpotqa; the warm-start still
-#                     draws its demonstrations from every training question)
+#   EXP_GRPO_SOURCES (empty = all: data_sources GRPO trains on, each optionally with an integer weight,
+#                     e.g. synth_hotpotqa or "synth_hotpotqa:3 synth_nq:1" (every two-hop question three
+#                     times in the GRPO prompts); the warm-start still draws from every training question)
+#   EXP_VAL_SAMPLER (rollout: the training sampler judges dev | hf: the workers' HF sampler, which repeats
+#                    exactly on one machine; vLLM's batching moved dev two-hop EM by 2 of 32 between runs)
+#   EXP_BEFORE (first: dev "before" validated by the first seed of each dtype | every: by every seed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -82,6 +86,11 @@ TEST_PER_SOURCE="${EXP_TEST_PER_SOURCE:-100}"
 REUSE="${EXP_REUSE:-1}"
 EVAL_BATCH="${EXP_EVAL_BATCH:-32}"
 THREADS="${EXP_THREADS:-2}"
+VAL_SAMPLER="${EXP_VAL_SAMPLER:-rollout}"
+BEFORE="${EXP_BEFORE:-first}"
+if [[ "$BEFORE" != first && "$BEFORE" != every ]]; then
+  echo "[experiment] EXP_BEFORE=$BEFORE: allowed first | every" >&2; exit 2
+fi
 mkdir -p "$OUT/eval/test" "$OUT/data"
 start_all=$SECONDS
 phase() { echo; echo "[experiment] $* ($(( (SECONDS - start_all) / 60 )) min $(( (SECONDS - start_all) % 60 )) s)"; }
@@ -172,15 +181,17 @@ import sys
 
 import pandas as pd
 
-from search_r1.data.splits import keep_sources
+from search_r1.data.splits import weighted_sources
 
 frame = pd.read_parquet(sys.argv[1])
 try:
-    keep = keep_sources(frame, sys.argv[3:], sys.argv[1])
+    keep = weighted_sources(frame, sys.argv[3:], sys.argv[1])
 except ValueError as err:
     sys.exit(f"[experiment] EXP_GRPO_SOURCES: {err}")
 keep.to_parquet(sys.argv[2], index=False)
-print(f"[experiment] GRPO prompts: {len(keep)} of {len(frame)} training questions ({' '.join(sys.argv[3:])})")
+counts = ", ".join(f"{s} {n}" for s, n in keep["data_source"].value_counts().sort_index().items())
+print(f"[experiment] GRPO prompts: {len(keep)} rows ({counts}) from {len(frame)} training questions "
+      f"({' '.join(sys.argv[3:])})")
 PY
 fi
 COMMON=("data.train_files=['$GRPO_TRAIN']" "warmstart.train_files=['$TRAIN']" "data.test_files=['$DEV']"
@@ -203,11 +214,12 @@ for dtype in $DTYPES; do
   first=1
   for seed in $SEEDS; do
     run="$OUT/grpo_${dtype}_seed$seed"
-    # Validation before training is the same greedy pass for every seed: the first seed of a dtype runs it.
+    # Validation before training is the same greedy pass for every seed: the first seed of a dtype runs it
+    # (EXP_BEFORE=every: each seed, to see how far the judge itself repeats).
     # The overrides first: what the script sets from its knobs (steps, seed, dtype, dev split) wins.
     args=("$@" trainer.experiment_name="exp_cpu_${dtype}_seed$seed" trainer.output_dir="$run" trainer.seed="$seed"
-          trainer.resume=none trainer.total_steps="$STEPS" trainer.val_before_train=$([[ $first == 1 ]] && echo true || echo false)
-          trainer.test_freq="$DEMO_STEPS" trainer.save_freq=0 trainer.keep_last=1 model.compute_dtype="$dtype"
+          trainer.resume=none trainer.total_steps="$STEPS" trainer.val_before_train=$([[ $first == 1 || $BEFORE == every ]] && echo true || echo false)
+          trainer.test_freq="$DEMO_STEPS" trainer.val_sampler="$VAL_SAMPLER" trainer.save_freq=0 trainer.keep_last=1 model.compute_dtype="$dtype"
           model.rollout_dtype="$dtype" "${COMMON[@]}")
     # A finished run trained with exactly these arguments (the retriever's port aside) is reused, so a
     # dev-only pass (EXP_TEST=0) followed by the full run trains each seed once; EXP_REUSE=0 retrains.

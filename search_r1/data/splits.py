@@ -33,6 +33,25 @@ def keep_sources(frame, sources: list[str], name) -> "pandas.DataFrame":
     return frame[frame["data_source"].isin(sources)]
 
 
+def weighted_sources(frame, spec: list[str], name) -> "pandas.DataFrame":
+    """The rows of the data_sources `spec` names, each repeated by its weight: "src" (weight 1) or
+    "src:w" (an integer w >= 1), e.g. ["synth_hotpotqa:3", "synth_nq"] gives three copies of every
+    two-hop row and one of every single-hop row, so a shuffled epoch samples two-hop prompts three
+    times as often per question. ValueError for a malformed entry or a source the file lacks."""
+    import pandas as pd
+
+    weights: dict[str, int] = {}
+    for entry in spec:
+        source, _, w = entry.partition(":")
+        if not source or (w and not (w.isdigit() and int(w) >= 1)) or source in weights:
+            raise ValueError(f"{entry!r}: expected a data_source named once, optionally with an integer "
+                             f"weight >= 1 (e.g. synth_hotpotqa:3). Fix: write source or source:weight")
+        weights[source] = int(w or 1)
+    keep = keep_sources(frame, list(weights), name)
+    parts = [keep[keep["data_source"] == source] for source, w in weights.items() for _ in range(w)]
+    return pd.concat(parts, ignore_index=True)
+
+
 def carve_dev(train_file, out_dir, per_source: int, seed: int = 0,
               sources: list[str] | None = None) -> tuple[Path, Path]:
     """(rest of train, dev) parquet paths under `out_dir`; see the module docstring.

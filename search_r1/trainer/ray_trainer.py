@@ -98,6 +98,8 @@ class RayGRPOTrainer:
         # after every update; otherwise the workers' HFGenerator samples with the policy itself.
         self.rollout = rollout
         self.generator = rollout.generator if rollout is not None else WorkerGroupGenerator(worker_group)
+        # trainer.val_sampler=hf: validation samples with the workers even when a vLLM server rolls out
+        self._hf_val_generator = WorkerGroupGenerator(worker_group) if config.trainer.val_sampler == "hf" else None
         self.reward_fn = get_reward_fn(config.algorithm.reward)
         r = config.rollout
         self.gen_config = GenerationConfig(
@@ -111,6 +113,11 @@ class RayGRPOTrainer:
         self.global_step = 0
         self.history: list[dict] = []  # every logged metrics dict, for the caller's summary
         self.alarms = RunAlarms(kl=config.trainer.kl_alarm, window=config.trainer.alarm_window)
+
+    @property
+    def val_generator(self):
+        """The validation sampler: the workers' HF sampler (trainer.val_sampler=hf) or the rollout's."""
+        return self._hf_val_generator or self.generator
 
     # -- the loop -----------------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -296,7 +303,7 @@ class RayGRPOTrainer:
         ds = self.val_dataset
         n = len(ds) if self.cfg.data.val_size == 0 else min(self.cfg.data.val_size, len(ds))
         bs = self.cfg.trainer.val_batch_size
-        manager = LLMGenerationManager(self.tokenizer, self.generator, self.gen_config, self.search_engine,
+        manager = LLMGenerationManager(self.tokenizer, self.val_generator, self.gen_config, self.search_engine,
                                        is_validation=True)
         records = []
         t0 = time.perf_counter()

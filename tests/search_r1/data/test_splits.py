@@ -2,7 +2,7 @@
 import pandas as pd
 import pytest
 
-from search_r1.data.splits import carve_dev, main
+from search_r1.data.splits import carve_dev, main, weighted_sources
 
 
 def test_dev_is_disjoint_balanced_interleaved_and_stable(synth_world, tmp_path):
@@ -38,3 +38,21 @@ def test_sources_keep_only_the_named_data_sources(synth_world, tmp_path, capsys)
     assert set(pd.read_parquet(dev_all)["data_source"]) == set(whole["data_source"])
     assert main(["--train", str(train), "--out", str(tmp_path / "x"), "--sources", "synth_typo"]) == 2
     assert "synth_typo" in capsys.readouterr().err
+
+
+def test_weighted_sources_repeat_each_source_by_its_weight(synth_world):
+    whole = pd.read_parquet(synth_world / "train.parquet")
+    counts = whole["data_source"].value_counts().to_dict()
+    mixed = weighted_sources(whole, ["synth_hotpotqa:3", "synth_nq"], "train.parquet")
+    assert mixed["data_source"].value_counts().to_dict() == {"synth_hotpotqa": 3 * counts["synth_hotpotqa"],
+                                                             "synth_nq": counts["synth_nq"]}
+    # every two-hop question three times, none lost or invented
+    two = mixed[mixed["data_source"] == "synth_hotpotqa"]["id"].value_counts()
+    assert set(two) == {3} and set(two.index) == set(whole[whole["data_source"] == "synth_hotpotqa"]["id"])
+    only = weighted_sources(whole, ["synth_nq"], "train.parquet")
+    assert set(only["data_source"]) == {"synth_nq"} and len(only) == counts["synth_nq"]
+    for bad in (["synth_nq:0"], ["synth_nq:x"], [":2"], ["synth_nq", "synth_nq:2"]):
+        with pytest.raises(ValueError, match="source:weight"):
+            weighted_sources(whole, bad, "train.parquet")
+    with pytest.raises(ValueError, match="synth_typo"):
+        weighted_sources(whole, ["synth_typo:2"], "train.parquet")

@@ -72,6 +72,7 @@ def test_hydra_overrides_reach_the_dataclasses():
     (["warmstart.lr_schedule=cosine"], ["warmstart.lr_schedule", "'constant'", "'linear'"]),
     (["warmstart.two_hop_share=0.5", "rollout.max_turns=1"], ["warmstart.two_hop_share", "rollout.max_turns=2"]),
     (["rollout.backend=sglang"], ["rollout.backend", "'hf'", "'vllm'"]),
+    (["trainer.val_sampler=vllm"], ["trainer.val_sampler", "'rollout'", "'hf'"]),
     (["rollout.backend=vllm", "rollout.vllm_python=/no/such/python"],
      ["no python with vLLM", "/no/such/python", "make install-vllm", "rollout.backend=hf"]),
 ])

@@ -57,14 +57,14 @@ def make_trainer(local_worker_factory, synth_world, retriever_server, tmp_path):
     tokenizer = load_tokenizer(MODEL)
     workers = {}
 
-    def make(cfg: TrainConfig) -> RayGRPOTrainer:
+    def make(cfg: TrainConfig, rollout=None) -> RayGRPOTrainer:
         spec = worker_spec(cfg)
         if spec not in workers:  # same spec, same freshly loaded weights: reuse the worker
             workers[spec] = local_worker_factory(spec)
         ds = PromptDataset([str(synth_world / "train.parquet")], tokenizer, cfg.data.max_prompt_length)
         loader = PromptDataLoader(ds, cfg.trainer.batch_size, seed=cfg.trainer.seed, shuffle=True, drop_last=True)
         return RayGRPOTrainer(cfg, tokenizer, InProcessGroup(workers[spec]), RetrieverClient(retriever_server.url),
-                              loader, ds, checkpoint_root=tmp_path / "checkpoints")
+                              loader, ds, checkpoint_root=tmp_path / "checkpoints", rollout=rollout)
 
     return make
 
@@ -265,3 +265,46 @@ def test_drop_flat_groups_reads_token_advantages_when_the_first_round_is_left_ou
     assert m["reward/mean"] == 0.5 and m["adv/zero_group_share"] == 0.0  # both groups have sequence signal
     assert m["train/trajectories_updated"] == 2.0  # ... but only prompt 1's trajectories carry it on tokens
     assert m["actor/update_tokens"] == sum(map(n, texts[1]))
+
+
+class AnsweringServer:
+    """Stands in for a VLLMRollout's generator: answers every context with one fixed text."""
+
+    def __init__(self, tokenizer, text: str):
+        self.ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        self.seconds = self.worker_seconds = 0.0
+        self.calls = 0
+
+    def generate(self, prompts, params):
+        from search_r1.rollout.backends import GenOutput
+
+        self.calls += 1
+        return [GenOutput(token_ids=list(self.ids), logprobs=[0.0] * len(self.ids), finish_reason="stop")
+                for _ in prompts]
+
+
+@pytest.mark.parametrize("val_sampler", ["rollout", "hf"])
+def test_val_sampler_hf_validates_with_the_workers_while_a_server_rolls_out(make_trainer, synth_world, tmp_path,
+                                                                            val_sampler):
+    from types import SimpleNamespace
+
+    from search_r1.models import load_tokenizer
+
+    cfg = config(synth_world, tmp_path, data={"val_size": 4}, trainer={"val_batch_size": 4, "val_sampler": val_sampler},
+                 rollout={"max_tokens_per_turn": 8})
+    server = AnsweringServer(load_tokenizer(MODEL), "<answer> rollout server </answer>")
+    trainer = make_trainer(cfg, rollout=SimpleNamespace(generator=server))
+    assert trainer.generator is server  # training always samples from the rollout's server
+    worker = trainer.wg.worker
+    worker_calls = []
+    real = worker.generate_sequences
+    worker.generate_sequences = lambda data: worker_calls.append(len(data)) or real(data)
+    try:
+        m = trainer.validate()
+    finally:
+        del worker.generate_sequences
+    assert m["val/n"] == 4.0
+    if val_sampler == "rollout":  # one call for the 4 rows, which all answer at once; no worker sampling
+        assert (server.calls, worker_calls) == (1, [])
+    else:  # the workers' HF sampler served every row of the first round; the server was not asked
+        assert server.calls == 0 and worker_calls[0] == 4
