@@ -69,22 +69,34 @@ def make_trainer(local_worker_factory, synth_world, retriever_server, tmp_path):
     return make
 
 
-def scripted_step(trainer: RayGRPOTrainer, all_right: bool = False):
-    """One train_step where, per prompt, the first sample answers with the gold answer and the second
-    answers it for prompt 0 only ("nothing" for prompt 1): em rewards [1, 0 | 1, 1] ([1, 1 | 1, 1]
-    with all_right)."""
+SEARCHES = ["<search> who was it </search>", "<search> a longer query about it all </search>"]
+
+
+def scripted_turns_step(trainer: RayGRPOTrainer, scripts):
+    """One train_step where `scripts(golds)` gives, per prompt, the turn texts its two samples play
+    (round 1 serves turns 0 and 1, one per sample, round 2 turns 2 and 3); returns (metrics, batch,
+    the scripts played, the token count of a text)."""
     batch = trainer.train_loader.next_batch()
     golds = [list(g)[0] for g in batch.non_tensor_batch["golden_answers"]]
     prompts = [ids[m.bool()].tolist() for ids, m in zip(batch.batch["input_ids"], batch.batch["attention_mask"])]
-    texts = [[f"<answer> {golds[0]} </answer>", f"<answer> {golds[0] if all_right else 'nothing'} </answer>"],
-             [f"<answer> {golds[1]} </answer>", f"<answer> {golds[1]} </answer>"]]
-    # Both samples of a prompt share its prompt ids: the scripted generator serves them turn 0, then turn 1.
+    texts = scripts(golds)
     gen = ScriptedGenerator(trainer.tokenizer, prompts, texts)
     gen.seconds = gen.worker_seconds = 0.0  # WorkerGroupGenerator's timing counters
     trainer.generator = gen
     metrics = trainer.train_step(batch, step=1)
-    tokens = [len(trainer.tokenizer(t, add_special_tokens=False)["input_ids"]) for row in texts for t in row]
-    return metrics, tokens, [str(s) for s in batch.non_tensor_batch["data_source"]]
+    return metrics, batch, texts, lambda text: len(trainer.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def scripted_step(trainer: RayGRPOTrainer, all_right: bool = False):
+    """One train_step where, per prompt, the first sample answers with the gold answer and the second
+    answers it for prompt 0 only ("nothing" for prompt 1): em rewards [1, 0 | 1, 1] ([1, 1 | 1, 1]
+    with all_right)."""
+    def scripts(golds):
+        return [[f"<answer> {golds[0]} </answer>", f"<answer> {golds[0] if all_right else 'nothing'} </answer>"],
+                [f"<answer> {golds[1]} </answer>", f"<answer> {golds[1]} </answer>"]]
+
+    metrics, batch, texts, n = scripted_turns_step(trainer, scripts)
+    return metrics, [n(t) for row in texts for t in row], [str(s) for s in batch.non_tensor_batch["data_source"]]
 
 
 def test_place_on_last_token_puts_each_score_on_the_last_generated_token():
@@ -210,23 +222,14 @@ def test_pg_first_turn_false_trains_only_the_rounds_after_the_first(make_trainer
                                                                     pg_first_turn):
     trainer = make_trainer(config(synth_world, tmp_path, rollout={"max_turns": 1},
                                   algorithm={"pg_first_turn": pg_first_turn}))
-    batch = trainer.train_loader.next_batch()
-    golds = [list(g)[0] for g in batch.non_tensor_batch["golden_answers"]]
-    prompts = [ids[m.bool()].tolist() for ids, m in zip(batch.batch["input_ids"], batch.batch["attention_mask"])]
-    # Per prompt, round 1 serves turns 0 and 1 (one per sample), round 2 turns 2 and 3: each sample
-    # searches, reads the real retriever's passages, then answers. em rewards [1, 0 | 1, 1].
-    searches = ["<search> who was it </search>", "<search> a longer query about it all </search>"]
-    texts = [searches + [f"<answer> {golds[0]} </answer>", "<answer> nothing at all </answer>"],
-             searches + [f"<answer> {golds[1]} </answer>", f"<answer> {golds[1]} </answer>"]]
-    gen = ScriptedGenerator(trainer.tokenizer, prompts, texts)
-    gen.seconds = gen.worker_seconds = 0.0
-    trainer.generator = gen
-    m = trainer.train_step(batch, step=1)
 
-    def n(text):
-        return len(trainer.tokenizer(text, add_special_tokens=False)["input_ids"])
+    # Each sample searches, reads the real retriever's passages, then answers. em rewards [1, 0 | 1, 1].
+    def scripts(golds):
+        return [SEARCHES + [f"<answer> {golds[0]} </answer>", "<answer> nothing at all </answer>"],
+                SEARCHES + [f"<answer> {golds[1]} </answer>", f"<answer> {golds[1]} </answer>"]]
 
-    first, answers = [n(searches[0]), n(searches[1])] * 2, [n(t) for row in texts for t in row[2:]]
+    m, batch, texts, n = scripted_turns_step(trainer, scripts)
+    first, answers = [n(SEARCHES[0]), n(SEARCHES[1])] * 2, [n(t) for row in texts for t in row[2:]]
     assert m["reward/mean"] == 0.75 and m["actor/kl_loss"] == pytest.approx(0.0, abs=1e-9)
     # every sample searched once: the per-source split by searches reads the rollout's search counts
     for source in set(map(str, batch.non_tensor_batch["data_source"])):
@@ -246,22 +249,13 @@ def test_drop_flat_groups_reads_token_advantages_when_the_first_round_is_left_ou
     its non-zero sequence advantages, adding its KL term and tokens to the update)."""
     trainer = make_trainer(config(synth_world, tmp_path, rollout={"max_turns": 1},
                                   algorithm={"pg_first_turn": False, "drop_flat_groups": True}))
-    batch = trainer.train_loader.next_batch()
-    golds = [list(g)[0] for g in batch.non_tensor_batch["golden_answers"]]
-    prompts = [ids[m.bool()].tolist() for ids, m in zip(batch.batch["input_ids"], batch.batch["attention_mask"])]
     # prompt 0: both samples answer at once, right and wrong (em [1, 0]: sequence advantages +-1, all
     # in the first round); prompt 1: both search, then answer right and wrong (advantages on the answers)
-    searches = ["<search> who was it </search>", "<search> a longer query about it all </search>"]
-    texts = [[f"<answer> {golds[0]} </answer>", "<answer> nothing at all </answer>"],
-             searches + [f"<answer> {golds[1]} </answer>", "<answer> nothing at all </answer>"]]
-    gen = ScriptedGenerator(trainer.tokenizer, prompts, texts)
-    gen.seconds = gen.worker_seconds = 0.0
-    trainer.generator = gen
-    m = trainer.train_step(batch, step=1)
+    def scripts(golds):
+        return [[f"<answer> {golds[0]} </answer>", "<answer> nothing at all </answer>"],
+                SEARCHES + [f"<answer> {golds[1]} </answer>", "<answer> nothing at all </answer>"]]
 
-    def n(text):
-        return len(trainer.tokenizer(text, add_special_tokens=False)["input_ids"])
-
+    m, _, texts, n = scripted_turns_step(trainer, scripts)
     assert m["reward/mean"] == 0.5 and m["adv/zero_group_share"] == 0.0  # both groups have sequence signal
     assert m["train/trajectories_updated"] == 2.0  # ... but only prompt 1's trajectories carry it on tokens
     assert m["actor/update_tokens"] == sum(map(n, texts[1]))
