@@ -19,7 +19,8 @@
 #      question: the paper's baselines, each taught its own format);
 #   3. GRPO from the `search` warm-start, once per seed in EXP_SEEDS and dtype in EXP_DTYPES, on the
 #      training questions minus dev; the trainer validates greedily on EXP_DEV_VAL dev questions before
-#      training (first seed of each dtype), every EXP_DEMO_STEPS steps and after the last step;
+#      training (first seed of each dtype), every EXP_DEMO_STEPS steps and after the last step, with the
+#      HF sampler (EXP_VAL_SAMPLER) so that the same model always gets the same dev score;
 #   4. (EXP_TEST=1) greedy evaluation of the test split, once per final model (python -m search_r1.eval):
 #      no-search, RAG, warm-start alone (search, before GRPO) and every GRPO run (after GRPO);
 #   5. the comparison (search_r1.evaluation.compare: EM per arm and source with the spread over seeds,
@@ -43,8 +44,9 @@
 #   EXP_GRPO_SOURCES (empty = all: data_sources GRPO trains on, each optionally with an integer weight,
 #                     e.g. synth_hotpotqa or "synth_hotpotqa:3 synth_nq:1" (every two-hop question three
 #                     times in the GRPO prompts); the warm-start still draws from every training question)
-#   EXP_VAL_SAMPLER (rollout: the training sampler judges dev | hf: the workers' HF sampler, which repeats
-#                    exactly on one machine; vLLM's batching moved dev two-hop EM by 2 of 32 between runs)
+#   EXP_VAL_SAMPLER (hf: the workers' HF sampler judges dev, the same score for the same model on one
+#                    machine | rollout: the training sampler, faster with vLLM, but its batching moved dev
+#                    two-hop EM by 2 of 32 between two runs of one model)
 #   EXP_BEFORE (first: dev "before" validated by the first seed of each dtype | every: by every seed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,7 +88,7 @@ TEST_PER_SOURCE="${EXP_TEST_PER_SOURCE:-100}"
 REUSE="${EXP_REUSE:-1}"
 EVAL_BATCH="${EXP_EVAL_BATCH:-32}"
 THREADS="${EXP_THREADS:-2}"
-VAL_SAMPLER="${EXP_VAL_SAMPLER:-rollout}"
+VAL_SAMPLER="${EXP_VAL_SAMPLER:-hf}"
 BEFORE="${EXP_BEFORE:-first}"
 if [[ "$BEFORE" != first && "$BEFORE" != every ]]; then
   echo "[experiment] EXP_BEFORE=$BEFORE: allowed first | every" >&2; exit 2

@@ -46,6 +46,7 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
     run = out / "grpo_auto_seed0"
     record = (run / "exp_args.txt").read_text()
     assert "trainer.seed=0" in record and "retriever.url" not in record  # the port changes every run
+    assert "trainer.val_sampler=hf" in record  # dev is judged by the deterministic HF sampler by default
 
     # Same arguments: the finished run is reused, not retrained (its metrics are untouched).
     before = (run / "metrics.jsonl").read_text()
@@ -54,15 +55,18 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
     assert (run / "metrics.jsonl").read_text() == before
 
     # A changed setting retrains: reusing would report a model trained under other settings.
-    # EXP_GRPO_SOURCES: GRPO prompts from two-hop questions only, from the same warm-start as before
-    # (its demonstrations still come from every training question, so its cache entry is reused).
+    # EXP_GRPO_SOURCES: GRPO prompts from two-hop questions only, each twice, from the same warm-start as
+    # before (its demonstrations still come from every training question, so its cache entry is reused).
     warm = [line for line in log.splitlines() if line.startswith("[experiment] warm-start search")]
-    log = run_experiment(out, world, home, "optim.lr=2e-5", EXP_TEST=0, EXP_GRPO_SOURCES="synth_hotpotqa")
+    log = run_experiment(out, world, home, "optim.lr=2e-5", EXP_TEST=0, EXP_GRPO_SOURCES="synth_hotpotqa:2")
     assert "reusing the finished run" not in log
     assert "optim.lr=2e-5" in (run / "exp_args.txt").read_text()
     assert [line for line in log.splitlines() if line.startswith("[experiment] warm-start search")] == warm
     import pyarrow.parquet as pq
     grpo_train = pq.read_table(out / "data" / "train_grpo.parquet").to_pylist()
     assert {r["data_source"] for r in grpo_train} == {"synth_hotpotqa"}
+    two_hop = [r["id"] for r in pq.read_table(out / "data" / "train.parquet").to_pylist()
+               if r["data_source"] == "synth_hotpotqa"]
+    assert sorted(r["id"] for r in grpo_train) == sorted(two_hop * 2)  # weight 2: every question twice
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert samples and {x["question"] for x in samples} <= {r["question"] for r in grpo_train}
