@@ -254,7 +254,7 @@ for run in runs:
     if 0 in by_step:
         before[dtype] = by_step[0]
     b, last = before.get(dtype), rows[-1]
-    mid = by_step.get(demo_step)
+    mid = by_step.get(demo_step) if demo_step != last["step"] else None  # not the final validation again
     two = "synth_hotpotqa"
     ok = "yes" if b is not None and last["val/em"] >= b["val/em"] and (mid is None or mid["val/em"] >= b["val/em"]) else "NO"
     print(f"| {run.name} | {dtype} | {b['val/em']:.3f} | {mid['val/em'] if mid else float('nan'):.3f} | {last['val/em']:.3f} | "
