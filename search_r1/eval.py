@@ -3,7 +3,7 @@
     python -m search_r1.eval --model outputs/grpo_cpu --data data/test.parquet --out eval/after \\
         --retriever-url http://127.0.0.1:8000
     python -m search_r1.eval --model smollm2-135m-instruct --data test.parquet --out eval/rag --rag \\
-        --retriever-index ~/.cache/search-r1/synth/default/index_bm25 --limit 300
+        --retriever-index default --limit 300    # default: the synthetic world's BM25 index
     python -m search_r1.eval --model Qwen/Qwen2.5-3B-Instruct --base-url http://127.0.0.1:8001 \\
         --tokenizer /models/qwen2.5-3b --data nq_test.parquet --out eval/vllm --no-search
     python -m search_r1.eval --compare eval/rag/results.json eval/after/results.json
@@ -27,7 +27,8 @@ from pathlib import Path
 from retriever_server.launcher import ServerStartError
 from search_r1.dtypes import DTYPE_CHOICES, resolve_dtype
 from search_r1.evaluation.metrics import METRICS, compare_table, markdown_table
-from search_r1.evaluation.runner import ROLLOUT_FROM_CHECKPOINT, EvalConfig, checkpoint_rollout_settings, evaluate
+from search_r1.evaluation.runner import (ROLLOUT_FROM_CHECKPOINT, EvalConfig, checkpoint_rollout_settings, evaluate,
+                                       resolve_index_arg)
 from search_r1.rollout.backends import GenerationError
 from search_r1.search.base import SearchError
 
@@ -55,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--retriever-url", action="append", default=[], metavar="URL",
                    help="a running retriever (http://HOST:PORT or .../retrieve); repeat for fail-over")
     p.add_argument("--retriever-index", metavar="DIR",
-                   help="an index directory (python -m retriever_server build) to serve for this run")
+                   help="an index directory (python -m retriever_server build) to serve for this run; "
+                        "`default` serves the default synthetic world's BM25 index (built when missing)")
     p.add_argument("--base-url", help="OpenAI-compatible server (e.g. `vllm serve`), http://HOST:PORT[/v1]")
     p.add_argument("--tokenizer", help="tokenizer for --base-url (alias or HF dir); default: --model")
     p.add_argument("--api-key-env", default=d["api_key_env"].default,
@@ -138,7 +140,7 @@ def main(argv=None) -> int:
         cfg = EvalConfig(
             model=args.model, data=tuple(args.data), out=args.out, **explicit,
             mode="no_search" if args.no_search else "rag" if args.rag else "search",
-            retriever_urls=tuple(args.retriever_url), retriever_index=args.retriever_index,
+            retriever_urls=tuple(args.retriever_url), retriever_index=resolve_index_arg(args.retriever_index),
             base_url=args.base_url, tokenizer=args.tokenizer, api_key_env=args.api_key_env,
             allow_insecure_http=args.allow_insecure_http, name=args.name,
             limit=args.limit, limit_per_source=args.limit_per_source, seed=args.seed,

@@ -143,7 +143,7 @@ def open_tools(args, stack: contextlib.ExitStack, log_dir: Path):
     from search_r1.agents.tools import AccessTool, SearchTool
     from search_r1.agents.urlguard import UrlGuard
     from search_r1.agents.webpage import PageFetcher
-    from search_r1.evaluation.runner import open_retriever
+    from search_r1.evaluation.runner import open_retriever, resolve_index_arg
 
     chosen = [f for f, v in (("--retriever-url", args.retriever_url), ("--retriever-index", args.retriever_index),
                              ("--web-search", args.web_search)) if v]
@@ -158,11 +158,7 @@ def open_tools(args, stack: contextlib.ExitStack, log_dir: Path):
         engine = WebSearchEngine(provider=args.web_search, topk=args.topk)
         stack.callback(engine.close)
     else:
-        index = args.retriever_index
-        if index == "default":
-            from retriever_server.__main__ import ensure_default_index
-
-            index = str(ensure_default_index())
+        index = resolve_index_arg(args.retriever_index)
         engine = retriever = open_retriever(args.retriever_url, index, args.topk, stack, log_dir / "retriever.log")
     web = args.web_access == "on" or (args.web_access == "auto" and bool(args.web_search))
     fetcher = None

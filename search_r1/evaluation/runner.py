@@ -339,6 +339,19 @@ def _open_retriever(cfg: EvalConfig, stack, out: Path):
     return open_retriever(cfg.retriever_urls, cfg.retriever_index, cfg.topk, stack, out / "retriever.log")
 
 
+DEFAULT_INDEX = "default"
+
+
+def resolve_index_arg(index: str | None) -> str | None:
+    """An index directory from a --retriever-index value: `default` means the default synthetic
+    world's BM25 index (generated and built when missing or stale); anything else is a directory."""
+    if index == DEFAULT_INDEX:
+        from retriever_server.__main__ import ensure_default_index
+
+        return str(ensure_default_index())
+    return index
+
+
 def open_retriever(urls, index: str | None, topk: int, stack, log_path: Path):
     """A RetrieverClient over `urls` (running servers), or over a server started now for the index
     directory `index` on a free loopback port; `stack` (an ExitStack) stops and closes them."""
