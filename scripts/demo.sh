@@ -43,7 +43,7 @@ DEMO=("data.train_files=['outputs/demo_data/train.parquet']" "data.test_files=['
 echo "[demo] GRPO on CPU: configs/grpo_cpu.yaml, output in outputs/demo"
 start=$SECONDS
 SEARCH_R1_FORCE_CPU=1 bash scripts/train_grpo.sh trainer.experiment_name=demo trainer.resume=none "${DEMO[@]}" "$@"
-# The greedy validation before and after training, side by side.
+# The greedy validation before and after training, side by side, then the questions that changed.
 "$PYTHON" - outputs/demo/metrics.jsonl <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if '"val/n"' in line]
@@ -55,5 +55,16 @@ if len(rows) >= 2:
                        ("synth_hotpotqa/searches", "searches two-hop")):
         if 'val/' + key in first or 'val/' + key in last:  # two-hop rows only when the data has them
             print(f"[demo]   {label:<17} {first.get('val/' + key, float('nan')):.3f} -> {last.get('val/' + key, float('nan')):.3f}")
+# Question by question (val_predictions.jsonl): a net change of one question can hide several flips.
+from search_r1.evaluation.compare import Run, changed
+vals = Run.load_validations("outputs/demo")
+if len(vals) >= 2:
+    (s0, before), (s1, after) = list(vals.items())[0], list(vals.items())[-1]
+    flips = changed(before, after)
+    gained = sum(a["em"] > b["em"] for b, a in flips)
+    print(f"[demo] per question, step {s0} -> {s1}: {gained} wrong -> right, {len(flips) - gained} right -> wrong")
+    for b, a in flips[:10]:
+        print(f"[demo]   {'+' if a['em'] > b['em'] else '-'} {a['question']!r} gold {a['golden_answers'][0]!r}: "
+              f"{b['prediction']!r} -> {a['prediction']!r}")
 PY
 echo "[demo] finished in $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s"

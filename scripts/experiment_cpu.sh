@@ -259,6 +259,28 @@ for run in runs:
     ok = "yes" if b is not None and last["val/em"] >= b["val/em"] and (mid is None or mid["val/em"] >= b["val/em"]) else "NO"
     print(f"| {run.name} | {dtype} | {b['val/em']:.3f} | {mid['val/em'] if mid else float('nan'):.3f} | {last['val/em']:.3f} | "
           f"{b.get(f'val/{two}/em', float('nan')):.3f} -> {last.get(f'val/{two}/em', float('nan')):.3f} | {ok} |")
+
+# Question by question (each run's val_predictions.jsonl; before = the first validation of the run's
+# dtype, as above): a net change of a question or two can hide many flips either way.
+from search_r1.evaluation.compare import Run, changed
+print("\n### Dev questions that changed, before -> after (EM)\n")
+print("| run | data_source | wrong -> right | right -> wrong |")
+print("|---|---|---|---|")
+first = {}
+for run in runs:
+    vals = Run.load_validations(run) if (run / "val_predictions.jsonl").is_file() else {}
+    if not vals:
+        continue
+    dtype = json.loads((run / "config.json").read_text())["model"]["compute_dtype"]
+    if 0 in vals:
+        first[dtype] = vals[0]
+    if dtype not in first:
+        continue
+    flips = changed(first[dtype], list(vals.values())[-1])
+    for source in sorted({a["data_source"] for _, a in flips}):
+        up = sum(a["em"] > b["em"] for b, a in flips if a["data_source"] == source)
+        down = sum(a["em"] < b["em"] for b, a in flips if a["data_source"] == source)
+        print(f"| {run.name} | `{source}` | {up} | {down} |")
 PY
 if [[ "$TEST" != 1 ]]; then phase "done (EXP_TEST=0: no test evaluation): $OUT/dev.md"; exit 0; fi
 

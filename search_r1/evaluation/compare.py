@@ -52,6 +52,21 @@ class Run:
                 records[rec["id"]] = rec
         return cls(path, records)
 
+    @classmethod
+    def load_validations(cls, run_dir) -> dict[int, "Run"]:
+        """The trainer's greedy validations of a training run directory (its val_predictions.jsonl),
+        one Run per validated step, in step order; a step validated twice (a resumed run) keeps the last."""
+        path = Path(run_dir) / "val_predictions.jsonl"
+        if not path.is_file():
+            raise ValueError(f"{run_dir} has no val_predictions.jsonl: pass the output directory of a "
+                             f"training run (trainer.output_dir) that validated")
+        steps: dict[int, dict[str, dict]] = {}
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                steps.setdefault(int(rec["step"]), {})[rec["id"]] = rec
+        return {step: cls(path, records) for step, records in sorted(steps.items())}
+
     def select(self, source: str | None) -> list[dict]:
         return [r for r in self.records.values() if source in (None, r["data_source"])]
 
@@ -94,6 +109,12 @@ def transitions(before: Run, after: Run, source: str | None) -> dict[int, dict[s
         elif a["em"] < b["em"]:
             bucket["right_to_wrong"] += 1
     return dict(sorted(out.items()))
+
+
+def changed(before: Run, after: Run) -> list[tuple[dict, dict]]:
+    """(before's record, after's record) of each shared question whose EM differs, in after's order."""
+    return [(before.records[qid], a) for qid, a in after.records.items()
+            if qid in before.records and a["em"] != before.records[qid]["em"]]
 
 
 def verdicts(arms: dict[str, list[Run]], before: str, after: str, baseline: str) -> list[tuple[str, bool, str]]:

@@ -128,7 +128,7 @@ class RayGRPOTrainer:
             self.rollout.sync(self.wg)
         summary: dict = {"resumed_from": start}
         if t.val_before_train and start == 0:
-            summary["val_before"] = self._log(self.validate(), step=0)
+            summary["val_before"] = self._log(self.validate(0), step=0)
         last_saved = start
         bar = tqdm(range(start + 1, t.total_steps + 1), desc="GRPO", unit="step", initial=start,
                    total=t.total_steps, dynamic_ncols=True)
@@ -137,7 +137,7 @@ class RayGRPOTrainer:
             batch = self.train_loader.next_batch()
             metrics = self.train_step(batch, step)
             if t.test_freq and step % t.test_freq == 0 and step != t.total_steps:
-                metrics.update(self.validate())
+                metrics.update(self.validate(step))
             self._log(metrics, step)
             kl = metrics.get("actor/kl_loss")  # absent when the step's update was skipped (no signal)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl="skipped" if kl is None else f"{kl:.4f}")
@@ -147,7 +147,7 @@ class RayGRPOTrainer:
         bar.close()
         if self.global_step or start:
             final_step = max(self.global_step, start)
-            summary["val_after"] = self._log(self.validate(), step=final_step)
+            summary["val_after"] = self._log(self.validate(final_step), step=final_step)
             if last_saved != final_step:
                 summary["checkpoint"] = self.save_checkpoint(final_step)
         summary["history"] = self.history
@@ -298,8 +298,13 @@ class RayGRPOTrainer:
         }
 
     # -- validation ---------------------------------------------------------------------------------
-    def validate(self) -> dict:
-        """Greedy rollouts on the first data.val_size test prompts: EM / F1 / reward per data_source."""
+    def validate(self, step: int = 0) -> dict:
+        """Greedy rollouts on the first data.val_size test prompts: EM / F1 / reward per data_source.
+
+        Each question's record (the eval CLI's fields, plus `step`) is appended to
+        val_predictions.jsonl in the output directory, so two validations compare question by question
+        (`search_r1.evaluation.compare.val_transitions`).
+        """
         ds = self.val_dataset
         n = len(ds) if self.cfg.data.val_size == 0 else min(self.cfg.data.val_size, len(ds))
         bs = self.cfg.trainer.val_batch_size
@@ -314,13 +319,16 @@ class RayGRPOTrainer:
             bar.update(len(out))
             texts = self.response_texts(out)
             nt = out.non_tensor_batch
-            for text, gold, source, searches in zip(texts, nt["golden_answers"], nt["data_source"],
-                                                    out.meta_info["valid_search_stats"]):
+            for i, (text, gold, searches) in enumerate(zip(texts, nt["golden_answers"],
+                                                            out.meta_info["valid_search_stats"])):
                 gold = list(gold)
                 # the eval CLI's scores; `reward` is the training reward (algorithm.reward), not the seed one
-                records.append({**score_response(text, gold), "data_source": str(source),
-                                "searches": float(searches), "reward": float(self.reward_fn(text, gold))})
+                records.append({"step": step, "id": str(nt["uid"][i]), "data_source": str(nt["data_source"][i]),
+                                "question": nt["question"][i], "golden_answers": gold, **score_response(text, gold),
+                                "searches": float(searches), "reward": float(self.reward_fn(text, gold)),
+                                "response": text})
         bar.close()
+        self._append_jsonl("val_predictions.jsonl", records)
         agg = aggregate(records)
         metrics: dict[str, float] = {f"val/{source}/{k}": v for source, stats in agg["per_source"].items()
                                      for k, v in stats.items() if k != "n"}
@@ -390,16 +398,19 @@ class RayGRPOTrainer:
 
     def _write_samples(self, batch: DataProto, scores: list[float], texts: list[str], k: int = 2) -> None:
         """Append the first k trajectories of the step to samples.jsonl (what the policy writes)."""
-        out = Path(self.cfg.trainer.output_dir)
-        if not out.is_dir():
-            return
         nt = batch.non_tensor_batch
-        with open(out / "samples.jsonl", "a") as f:
-            for i in range(min(k, len(texts))):
-                f.write(json.dumps({"step": self.global_step, "uid": str(nt["uid"][i]),
-                                    "question": str(nt["question"][i]) if "question" in nt else None,
-                                    "golden_answers": list(nt["golden_answers"][i]), "score": scores[i],
-                                    "response": texts[i]}) + "\n")
+        self._append_jsonl("samples.jsonl", [
+            {"step": self.global_step, "uid": str(nt["uid"][i]),
+             "question": str(nt["question"][i]) if "question" in nt else None,
+             "golden_answers": list(nt["golden_answers"][i]), "score": scores[i], "response": texts[i]}
+            for i in range(min(k, len(texts)))])
+
+    def _append_jsonl(self, name: str, records: list[dict]) -> None:
+        """Append records to `name` in the output directory (nothing when there is none)."""
+        out = Path(self.cfg.trainer.output_dir)
+        if out.is_dir():
+            with open(out / name, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
 
     def _log(self, metrics: dict, step: int) -> dict:
         for message in self.alarms.check(metrics):  # adds alarm/* to metrics

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from search_r1.evaluation.compare import Run, arm_stats, main, transitions, verdicts
+from search_r1.evaluation.compare import Run, arm_stats, changed, main, transitions, verdicts
 
 
 def write_run(path, rows):
@@ -39,6 +39,21 @@ def test_transitions_count_changes_by_searches_of_the_after_run(tmp_path):
     r = world(tmp_path, {"ws": [1, 0, 0, 1], "grpo0": [1, 1, 1, 0]}, {"ws": [0, 0], "grpo0": [0, 0]})
     t = transitions(r["ws"], r["grpo0"], "synth_hotpotqa")
     assert t == {2: {"wrong_to_right": 2, "right_to_wrong": 1}}
+
+
+def test_training_validations_load_per_step_and_changed_lists_the_flips(tmp_path):
+    # val_predictions.jsonl as the trainer appends it: steps 0 and 5, then step 5 again after a resume
+    rows = [(0, "a", 1.0), (0, "b", 0.0), (0, "c", 1.0), (5, "a", 0.0), (5, "b", 0.0), (5, "c", 1.0),
+            (5, "a", 1.0), (5, "b", 1.0), (5, "c", 1.0), (10, "a", 0.0), (10, "b", 1.0), (10, "c", 1.0)]
+    (tmp_path / "val_predictions.jsonl").write_text("".join(
+        json.dumps({"step": step, "id": qid, "data_source": "synth_nq", "em": em}) + "\n" for step, qid, em in rows))
+    runs = Run.load_validations(tmp_path)
+    assert list(runs) == [0, 5, 10]
+    assert {q: r["em"] for q, r in runs[5].records.items()} == {"a": 1.0, "b": 1.0, "c": 1.0}  # the last one kept
+    assert [(b["id"], a["em"]) for b, a in changed(runs[0], runs[10])] == [("a", 0.0), ("b", 1.0)]
+    assert changed(runs[0], runs[0]) == []
+    with pytest.raises(ValueError, match="no val_predictions.jsonl"):
+        Run.load_validations(tmp_path / "nowhere")
 
 
 def test_verdicts_need_a_gain_beyond_twice_the_spread(tmp_path):

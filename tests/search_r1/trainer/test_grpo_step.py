@@ -298,7 +298,11 @@ def test_val_sampler_hf_validates_with_the_workers_while_a_server_rolls_out(make
     finally:
         del worker.generate_sequences
     assert m["val/n"] == 4.0
+    responses = [json.loads(line)["response"] for line in (tmp_path / "val_predictions.jsonl").open()]
+    assert len(responses) == 4  # every validated question recorded, with what the judge sampled
     if val_sampler == "rollout":  # one call for the 4 rows, which all answer at once; no worker sampling
         assert (server.calls, worker_calls) == (1, [])
+        assert all(r.startswith("<answer> rollout server") for r in responses), responses
     else:  # the workers' HF sampler served every row of the first round; the server was not asked
         assert server.calls == 0 and worker_calls[0] == 4
+        assert not any("rollout server" in r for r in responses), responses

@@ -76,6 +76,18 @@ def test_two_step_run_logs_finite_metrics_and_checkpoints(two_step_run):
     assert [r["step"] for r in vals] == [0, 2]  # before training and at the end
     assert any(k.startswith("val/") and k.count("/") == 2 for k in vals[0])  # per data_source
     assert summary["val_before"]["val/n"] == 2
+    # the same validations question by question, as the eval CLI records them
+    from search_r1.evaluation.compare import Run
+    runs = Run.load_validations(out)
+    assert list(runs) == [0, 2]
+    for rec, run in zip(vals, runs.values()):
+        assert len(run.records) == 2
+        assert sum(r["em"] for r in run.records.values()) / 2 == rec["val/em"]
+        assert sum(r["searches"] for r in run.records.values()) / 2 == rec["val/searches"]
+        for r in run.records.values():
+            assert r["question"] and r["golden_answers"] and r["response"]
+            assert r["prediction"] is None or r["prediction"] in r["response"]
+    assert set(runs[0].records) == set(runs[2].records)  # the same questions, keyed alike
     # checkpoints: HF directory transformers can load, plus optimizer/scheduler/loader state
     ckpts = sorted(p.name for p in (out / "checkpoints").glob("global_step_*"))
     assert ckpts == ["global_step_1", "global_step_2"]
