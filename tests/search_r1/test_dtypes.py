@@ -22,9 +22,9 @@ def fake_timings(monkeypatch, us: dict):
     """_time_linear answers from `us[(rows, dtype name)]` microseconds and counts its calls."""
     calls = []
 
-    def timed(rows, dtype, repeats=20):
-        calls.append((rows, str(dtype)))
-        return us[(rows, str(dtype).replace("torch.", ""))] / 1e6
+    def timed(rows, layers, repeats=10):
+        calls.append((rows, layers))
+        return {"fp32": us[(rows, "float32")] / 1e6, "bf16": us[(rows, "bfloat16")] / 1e6}
 
     monkeypatch.setattr(dtypes, "_time_linear", timed)
     return calls
@@ -44,7 +44,7 @@ def test_auto_picks_per_role_by_measured_speed_with_a_margin(home, monkeypatch, 
                                        (8, "float32"): 110.0, (8, "bfloat16"): 100.0})
     assert dtypes.resolve_dtype("auto", "compute", "model.compute_dtype") == "bfloat16"
     assert dtypes.resolve_dtype("auto", "rollout", "model.rollout_dtype") == "float32"
-    assert len(calls) == 4  # measured once, then read back from the cache
+    assert len(calls) == 2  # each role measured once, then read back from the cache
     cached = json.loads(dtypes.cache_path().read_text())
     assert (cached["compute"], cached["rollout"]) == ("bfloat16", "float32")
     err = capsys.readouterr().err
@@ -72,7 +72,7 @@ def test_a_corrupt_cache_is_measured_again(home, monkeypatch):
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     assert dtypes.decide().compute == "float32"
-    assert len(calls) == 4 and json.loads(path.read_text())["compute"] == "float32"
+    assert len(calls) == 2 and json.loads(path.read_text())["compute"] == "float32"
 
 
 def test_real_measurement_refuses_bf16_when_onednn_is_capped_at_avx2(tmp_path):
