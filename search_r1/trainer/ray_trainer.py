@@ -303,7 +303,7 @@ class RayGRPOTrainer:
 
         Each question's record (the eval CLI's fields, plus `step`) is appended to
         val_predictions.jsonl in the output directory, so two validations compare question by question
-        (`search_r1.evaluation.compare.val_transitions`).
+        (`search_r1.evaluation.compare`: `Run.load_validations`, `changed`).
         """
         ds = self.val_dataset
         n = len(ds) if self.cfg.data.val_size == 0 else min(self.cfg.data.val_size, len(ds))

@@ -40,8 +40,8 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
         assert {s: m["n"] for s, m in per_source.items()} == {"synth_nq": 2, "synth_hotpotqa": 2}, arm
     comparison = (out / "comparison.md").read_text()
     assert "### Verdicts" in comparison and "two-hop EM above the baseline" in comparison
-    assert "| grpo_auto_seed0 |" in (out / "dev.md").read_text()
     dev_md = (out / "dev.md").read_text()
+    assert "| grpo_auto_seed0 |" in dev_md
     assert "### Dev questions that changed" in dev_md  # read from each run's val_predictions.jsonl
     from search_r1.evaluation.compare import Run, changed
     vals = Run.load_validations(out / "grpo_auto_seed0")
