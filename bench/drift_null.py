@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     if args.shuffles and not eval_args:
         parser.error("give the evaluation's arguments after -- (at least --data and a retriever), or --shuffles 0")
 
-    from search_r1.evaluation.compare import changed
+    from search_r1.evaluation.compare import changed, run_stats
     from search_r1.evaluation.runner import resolve_model_dir
 
     base_dir = Path(resolve_model_dir(args.base))
@@ -122,10 +122,10 @@ def main(argv=None) -> int:
     runs = {}
     for name, model in models.items():
         runs[name] = evaluate(model, out / f"eval_{name}", eval_args)
-        em = sum(r["em"] for r in runs[name].records.values()) / max(len(runs[name].records), 1)
+        stats = run_stats(runs[name], None)
         flips = [] if name == "base" else changed(runs["base"], runs[name])
         gained = sum(a["em"] > b["em"] for b, a in flips)
-        print(f"[eval] {name:<10} EM {em:.3f} on {len(runs[name].records)} questions; against the base "
+        print(f"[eval] {name:<10} EM {stats['em']:.3f} on {stats['n']} questions; against the base "
               f"{gained} wrong -> right, {len(flips) - gained} right -> wrong")
         for b, a in flips:
             print(f"[eval]   {'+' if a['em'] > b['em'] else '-'} {a['question']!r}: {b['prediction']!r} -> {a['prediction']!r}")
