@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     if args.shuffles and not eval_args:
         parser.error("give the evaluation's arguments after -- (at least --data and a retriever), or --shuffles 0")
 
-    from search_r1.evaluation.compare import changed, run_stats
+    from search_r1.evaluation.compare import changed, count_flips, run_stats
     from search_r1.evaluation.runner import resolve_model_dir
 
     base_dir = Path(resolve_model_dir(args.base))
@@ -124,9 +124,9 @@ def main(argv=None) -> int:
         runs[name] = evaluate(model, out / f"eval_{name}", eval_args)
         stats = run_stats(runs[name], None)
         flips = [] if name == "base" else changed(runs["base"], runs[name])
-        gained = sum(a["em"] > b["em"] for b, a in flips)
+        gained, lost = count_flips(flips)
         print(f"[eval] {name:<10} EM {stats['em']:.3f} on {stats['n']} questions; against the base "
-              f"{gained} wrong -> right, {len(flips) - gained} right -> wrong")
+              f"{gained} wrong -> right, {lost} right -> wrong")
         for b, a in flips:
             print(f"[eval]   {'+' if a['em'] > b['em'] else '-'} {a['question']!r}: {b['prediction']!r} -> {a['prediction']!r}")
     for seed in range(args.shuffles):  # 0.5 GB each for a 135M model in float32

@@ -62,13 +62,13 @@ if len(rows) >= 2:
         if 'val/' + key in first or 'val/' + key in last:  # two-hop rows only when the data has them
             print(f"[demo]   {label:<17} {first.get('val/' + key, float('nan')):.3f} -> {last.get('val/' + key, float('nan')):.3f}")
 # Question by question (val_predictions.jsonl): a net change of one question can hide several flips.
-from search_r1.evaluation.compare import Run, changed
+from search_r1.evaluation.compare import Run, changed, count_flips
 vals = Run.load_validations("outputs/demo")
 if len(vals) >= 2:
     (s0, before), (s1, after) = list(vals.items())[0], list(vals.items())[-1]
     flips = changed(before, after)
-    gained = sum(a["em"] > b["em"] for b, a in flips)
-    print(f"[demo] per question, step {s0} -> {s1}: {gained} wrong -> right, {len(flips) - gained} right -> wrong")
+    gained, lost = count_flips(flips)
+    print(f"[demo] per question, step {s0} -> {s1}: {gained} wrong -> right, {lost} right -> wrong")
     for b, a in flips[:10]:
         print(f"[demo]   {'+' if a['em'] > b['em'] else '-'} {a['question']!r} gold {a['golden_answers'][0]!r}: "
               f"{b['prediction']!r} -> {a['prediction']!r}")

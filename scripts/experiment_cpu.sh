@@ -262,7 +262,7 @@ for run in runs:
 
 # Question by question (each run's val_predictions.jsonl; before = the first validation of the run's
 # dtype, as above): a net change of a question or two can hide many flips either way.
-from search_r1.evaluation.compare import Run, changed
+from search_r1.evaluation.compare import Run, changed, count_flips
 print("\n### Dev questions that changed, before -> after (EM)\n")
 print("| run | data_source | wrong -> right | right -> wrong |")
 print("|---|---|---|---|")
@@ -278,8 +278,7 @@ for run in runs:
         continue
     flips = changed(first[dtype], list(vals.values())[-1])
     for source in sorted({a["data_source"] for _, a in flips}):
-        up = sum(a["em"] > b["em"] for b, a in flips if a["data_source"] == source)
-        down = sum(a["em"] < b["em"] for b, a in flips if a["data_source"] == source)
+        up, down = count_flips(flips, source)
         print(f"| {run.name} | `{source}` | {up} | {down} |")
 PY
 if [[ "$TEST" != 1 ]]; then phase "done (EXP_TEST=0: no test evaluation): $OUT/dev.md"; exit 0; fi

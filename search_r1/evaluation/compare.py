@@ -117,6 +117,13 @@ def changed(before: Run, after: Run) -> list[tuple[dict, dict]]:
             if qid in before.records and a["em"] != before.records[qid]["em"]]
 
 
+def count_flips(flips: list[tuple[dict, dict]], source: str | None = None) -> tuple[int, int]:
+    """(wrong -> right, right -> wrong) among `changed`'s pairs, of one data source or of all."""
+    pairs = [(b, a) for b, a in flips if source is None or a["data_source"] == source]
+    gained = sum(a["em"] > b["em"] for b, a in pairs)
+    return gained, len(pairs) - gained
+
+
 def verdicts(arms: dict[str, list[Run]], before: str, after: str, baseline: str) -> list[tuple[str, bool, str]]:
     """(name, met, evidence) of each claim in the module docstring."""
     two_after = arm_stats(arms[after], TWO_HOP)

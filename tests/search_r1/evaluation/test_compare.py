@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from search_r1.evaluation.compare import Run, arm_stats, changed, main, transitions, verdicts
+from search_r1.evaluation.compare import Run, arm_stats, changed, count_flips, main, transitions, verdicts
 
 
 def write_run(path, rows):
@@ -52,6 +52,9 @@ def test_training_validations_load_per_step_and_changed_lists_the_flips(tmp_path
     assert {q: r["em"] for q, r in runs[5].records.items()} == {"a": 1.0, "b": 1.0, "c": 1.0}  # the last one kept
     assert [(b["id"], a["em"]) for b, a in changed(runs[0], runs[10])] == [("a", 0.0), ("b", 1.0)]
     assert changed(runs[0], runs[0]) == []
+    assert count_flips(changed(runs[0], runs[10])) == (1, 1)  # b gained, a lost
+    assert count_flips(changed(runs[0], runs[5])) == (1, 0)  # b gained; a, c unchanged
+    assert count_flips(changed(runs[0], runs[10]), "synth_hotpotqa") == (0, 0)
     with pytest.raises(ValueError, match="no val_predictions.jsonl"):
         Run.load_validations(tmp_path / "nowhere")
 

@@ -43,11 +43,12 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
     dev_md = (out / "dev.md").read_text()
     assert "| grpo_auto_seed0 |" in dev_md
     assert "### Dev questions that changed" in dev_md  # read from each run's val_predictions.jsonl
-    from search_r1.evaluation.compare import Run, changed
+    from search_r1.evaluation.compare import Run, changed, count_flips
     vals = Run.load_validations(out / "grpo_auto_seed0")
     flips = changed(vals[0], list(vals.values())[-1])
-    for source in {a["data_source"] for _, a in flips}:  # every source with a flip has its row
-        assert f"| grpo_auto_seed0 | `{source}` |" in dev_md
+    for source in {a["data_source"] for _, a in flips}:  # every source with a flip has its row and counts
+        up, down = count_flips(flips, source)
+        assert f"| grpo_auto_seed0 | `{source}` | {up} | {down} |" in dev_md
     assert set(json.loads((out / "comparison.json").read_text())["arms"]) >= {"rag", "grpo"}
     assert (out / "comparison.png").stat().st_size > 0
     run = out / "grpo_auto_seed0"
