@@ -21,7 +21,8 @@ reference's contexts, so a change is the model's reading, not a different search
 
 The reference is an output directory of `python -m search_r1.eval` (predictions.jsonl) or a training
 run directory (val_predictions.jsonl; `--step` picks the validation, default the first). Models are HF
-directories, checkpoints (checkpoints/global_step_N) or run directories (their latest checkpoint).
+directories, checkpoints (checkpoints/global_step_N) or run directories (their latest checkpoint),
+scored in float32 whatever dtype they were trained or validated in.
 """
 from __future__ import annotations
 
