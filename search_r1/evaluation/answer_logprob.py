@@ -22,7 +22,8 @@ reference's contexts, so a change is the model's reading, not a different search
 The reference is an output directory of `python -m search_r1.eval` (predictions.jsonl) or a training
 run directory (val_predictions.jsonl; `--step` picks the validation, default the first). Models are HF
 directories, checkpoints (checkpoints/global_step_N) or run directories (their latest checkpoint),
-scored in float32 whatever dtype they were trained or validated in.
+scored in float32 whatever dtype they were trained or validated in. Every model must share the first
+one's tokenizer (vocabulary, special tokens, chat template): the prompts are its token ids.
 """
 from __future__ import annotations
 
@@ -167,16 +168,24 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from search_r1.evaluation.identity import tokenizer_identity
     from search_r1.evaluation.runner import resolve_model_dir
     from search_r1.models import load_model_and_tokenizer
 
     torch.set_num_threads(args.threads)
     try:
         records = load_reference(args.reference, args.step)
-        scores, names, cases = [], [], None
+        scores, names, cases, first_tokenizer = [], [], None, None
         for name in args.model:
             model, tokenizer = load_model_and_tokenizer(resolve_model_dir(name), dtype=torch.float32)
             model.eval()
+            fingerprint = tokenizer_identity(tokenizer)["sha256"]
+            if first_tokenizer is None:
+                first_tokenizer = fingerprint
+            elif fingerprint != first_tokenizer:  # its ids would be scored as another vocabulary's
+                raise ValueError(f"--model {name} has another tokenizer than --model {args.model[0]} "
+                                 f"(vocabulary, special tokens or chat template differ); the prompts are "
+                                 f"the first model's token ids, so compare only models that share it")
             if cases is None:
                 cases, skipped = build_cases(records, load_prompts(args.data, tokenizer))
                 if not cases:

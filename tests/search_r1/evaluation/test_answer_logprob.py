@@ -89,3 +89,13 @@ def test_cli_scores_each_model_against_the_first(synth_world, tmp_path, capsys):
     with pytest.raises(SystemExit):  # a directory with neither predictions file
         main(["--data", data, "--reference", str(tmp_path / "nowhere"), "--model", "tiny-random-qwen3"])
     assert "neither predictions.jsonl nor val_predictions.jsonl" in capsys.readouterr().err
+    # Another chat template renders other prompt ids: the probe refuses to mix the two.
+    model, tok = load_model_and_tokenizer("tiny-random-qwen3")
+    tok.chat_template = "{% for m in messages %}### {{ m['content'] }}\n{% endfor %}"
+    other = tmp_path / "other-template"
+    model.save_pretrained(other)
+    tok.save_pretrained(other)
+    with pytest.raises(SystemExit):
+        main(["--data", data, "--reference", str(ref), "--model", "tiny-random-qwen3", "--model", str(other),
+              "--threads", "1"])
+    assert f"--model {other} has another tokenizer than --model tiny-random-qwen3" in capsys.readouterr().err
