@@ -148,6 +148,23 @@ def broadcast_to_tokens(adv: torch.Tensor, response_mask: torch.Tensor) -> torch
     return adv[:, None] * response_mask.to(adv.dtype)  # (N, 1) * (N, L) -> (N, L)
 
 
+def leading_token_values(shape: tuple[int, int], counts: Any, lead: float, rest: float) -> torch.Tensor:
+    """An (N, L) float32 tensor holding `lead` in the first counts[i] columns of row i, `rest` elsewhere.
+
+    A trajectory's first counts[i] response tokens are its first generation round (its plan and first
+    query); this marks them, e.g. for a KL coefficient of their own (algorithm.plan_kl_coef).
+    Shapes: shape (N, L), counts (N,) ints in [0, L] -> (N, L).
+    """
+    n, length = shape
+    counts = torch.as_tensor(counts, dtype=torch.long)
+    if counts.shape != (n,):
+        raise ValueError(f"need x (N, L) and counts (N,); got {tuple(shape)} and {tuple(counts.shape)}")
+    if counts.numel() and (int(counts.min()) < 0 or int(counts.max()) > length):
+        raise ValueError(f"counts must lie in [0, {length}], got {counts.min().item()}..{counts.max().item()}")
+    leading = torch.arange(length)[None, :] < counts[:, None]  # (N, L)
+    return torch.where(leading, torch.tensor(float(lead)), torch.tensor(float(rest)))
+
+
 def zero_leading_tokens(x: torch.Tensor, counts: Any) -> torch.Tensor:
     """A copy of x with the first counts[i] columns of row i set to 0.
 
@@ -157,13 +174,9 @@ def zero_leading_tokens(x: torch.Tensor, counts: Any) -> torch.Tensor:
 
     Shapes: x (N, L), counts (N,) ints in [0, L] -> (N, L).
     """
-    counts = torch.as_tensor(counts, dtype=torch.long)
-    if x.dim() != 2 or counts.shape != (x.shape[0],):
-        raise ValueError(f"need x (N, L) and counts (N,); got {tuple(x.shape)} and {tuple(counts.shape)}")
-    if counts.numel() and (int(counts.min()) < 0 or int(counts.max()) > x.shape[1]):
-        raise ValueError(f"counts must lie in [0, {x.shape[1]}], got {counts.min().item()}..{counts.max().item()}")
-    keep = torch.arange(x.shape[1])[None, :] >= counts[:, None]  # (N, L)
-    return x * keep.to(x.dtype)
+    if x.dim() != 2:
+        raise ValueError(f"need x (N, L) and counts (N,); got {tuple(x.shape)}")
+    return x * leading_token_values(tuple(x.shape), counts, lead=0.0, rest=1.0).to(x.dtype)
 
 
 def signal_group_rows(adv: torch.Tensor, uids: Any, multiple: int = 1) -> torch.Tensor:

@@ -19,7 +19,7 @@ import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from search_r1.algos import AGG_MODES as _ALGO_AGG_MODES
 from search_r1.algos import KL_ESTIMATORS, ROLLOUT_IS_LEVELS, STD_MODES
@@ -234,6 +234,11 @@ class AlgorithmConfig:
     # question, and the few groups that disagree on it walk its bias (README, "Does it learn?").
     # true = verl's behaviour (every generated token is trained).
     pg_first_turn: bool = True
+    # KL coefficient on the first generation round's tokens (the plan and the first query); null =
+    # kl_coef, as every other token (verl's behaviour). A large value holds the plan near the
+    # reference's while GRPO trains the later rounds: with pg_first_turn=false alone the plan still
+    # drifts through the weights it shares with them (README, "Does it learn?").
+    plan_kl_coef: Optional[float] = None
 
     def __post_init__(self):
         _check_choice("algorithm.reward", self.reward, tuple(sorted(REWARD_FNS)))
@@ -246,6 +251,18 @@ class AlgorithmConfig:
         _check_range("algorithm.eps", self.eps, 0)
         _check_range("algorithm.clip_ratio", self.clip_ratio, 0, 1, lo_open=True)
         _check_range("algorithm.kl_coef", self.kl_coef, 0)
+        if self.plan_kl_coef is not None:
+            _check_range("algorithm.plan_kl_coef", self.plan_kl_coef, 0)
+
+    @property
+    def plan_kl(self) -> float:
+        """The KL coefficient of the first round's tokens (plan_kl_coef, or kl_coef when unset)."""
+        return self.kl_coef if self.plan_kl_coef is None else self.plan_kl_coef
+
+    @property
+    def uses_ref(self) -> bool:
+        """Whether any token carries a KL term, so the reference model is needed."""
+        return self.kl_coef > 0 or self.plan_kl > 0
         _check_range("algorithm.entropy_coef", self.entropy_coef, 0)
 
 

@@ -187,7 +187,7 @@ def worker_spec(cfg: TrainConfig, model_path: str | None = None):
         grad_clip=o.grad_clip, clip_ratio=a.clip_ratio, kl_coef=a.kl_coef, kl_type=a.kl_type,
         entropy_coef=a.entropy_coef, loss_agg=a.loss_agg, temperature=cfg.rollout.temperature,
         rollout_is=a.rollout_is, rollout_is_threshold=a.rollout_is_threshold, ppo_epochs=t.ppo_epochs,
-        micro_batch_size=t.micro_batch_size, use_ref=a.kl_coef > 0, skip_zero_advantage=a.skip_zero_advantage)
+        micro_batch_size=t.micro_batch_size, use_ref=a.uses_ref, skip_zero_advantage=a.skip_zero_advantage)
 
 
 def warm_start(cfg: TrainConfig, data: DataPaths, search_engine, url: str | None = None) -> str | None:

@@ -29,7 +29,8 @@ import torch
 from tqdm import tqdm
 from verl import DataProto
 
-from search_r1.algos import broadcast_to_tokens, compute_grpo_advantages, signal_group_rows, zero_leading_tokens
+from search_r1.algos import (broadcast_to_tokens, compute_grpo_advantages, leading_token_values, signal_group_rows,
+                             zero_leading_tokens)
 from search_r1.data.dataset import repeat_interleave
 from search_r1.evaluation.metrics import OVERALL, aggregate, score_response
 from search_r1.rewards import check_format_correctness, em_score, get_reward_fn
@@ -198,6 +199,10 @@ class RayGRPOTrainer:
             if not alg.pg_first_turn:  # the plan turn keeps its KL term, loses its policy gradient
                 batch.batch["advantages"] = zero_leading_tokens(batch.batch["advantages"],
                                                                 batch.meta_info["first_turn_token_stats"])
+            if alg.plan_kl != alg.kl_coef:  # per-token KL coefficients: plan_kl on the first round
+                batch.batch["kl_weights"] = leading_token_values(
+                    batch.batch["response_mask"].shape, batch.meta_info["first_turn_token_stats"],
+                    lead=alg.plan_kl, rest=alg.kl_coef)
         # A row's signal is in its token advantages: with pg_first_turn=false a trajectory that ended in
         # its first round (answered without searching) has a non-zero advantage but no token carrying it.
         row_signal = batch.batch["advantages"].ne(0).any(-1).float()  # (N,) 1 = some token has A != 0
@@ -216,7 +221,7 @@ class RayGRPOTrainer:
         # Reference log-probs feed only the update's KL term: when the workers will skip every
         # mini-batch (all advantages 0, algorithm.skip_zero_advantage), that forward pass is not needed.
         informative = bool(row_signal.any())
-        if alg.kl_coef > 0 and (informative or not alg.skip_zero_advantage):
+        if alg.uses_ref and (informative or not alg.skip_zero_advantage):
             with timed(timing, "ref"):
                 out = self.wg.compute_ref_log_prob(train.select(batch_keys=LOGPROB_KEYS))
             timing["ref_worker"] = worker_seconds(out)
@@ -224,7 +229,8 @@ class RayGRPOTrainer:
         else:
             train.batch["ref_log_prob"] = train.batch["old_log_probs"].clone()
         with timed(timing, "update_actor"):
-            update = arrange_for_dp(train.select(batch_keys=UPDATE_KEYS), self.n_mini_batches, self.wg.world_size)
+            keys = UPDATE_KEYS + (["kl_weights"] if "kl_weights" in train.batch.keys() else [])
+            update = arrange_for_dp(train.select(batch_keys=keys), self.n_mini_batches, self.wg.world_size)
             update.meta_info["n_mini_batches"] = self.n_mini_batches
             update.meta_info["old_is_current"] = self.old_is_current
             per_rank = self.wg.update_actor(update)  # identical actor/* metrics on every rank

@@ -358,6 +358,7 @@ class PolicyWorker(Worker):
 
             loss = PPO-clip(logp, old, A) + kl_coef * KL_k3(logp, ref) - entropy_coef * H(pi)
 
+        (with a `kl_weights` (N, R) key, per-token coefficients replace kl_coef: agg(w * KL_k3)),
         each term aggregated over response_mask across the global mini-batch (the PPO-clip term
         weighted by truncated pi_old / pi_rollout when spec.rollout_is is set). Returns metrics
         averaged over mini-batches, and the sampler/trainer mismatch of the first epoch (identical
@@ -446,7 +447,11 @@ class PolicyWorker(Worker):
                                    agg=spec.loss_agg, normalizer=norm, rollout_is_weights=is_w)
             loss = pg
             kl = torch.zeros(())
-            if spec.kl_coef > 0:
+            if "kl_weights" in mb.batch.keys():  # per-token coefficients (algorithm.plan_kl_coef)
+                kl_tok = kl_fn(logp, mb.batch["ref_log_prob"][rows])
+                kl = agg_loss(kl_tok, m, spec.loss_agg, norm)  # reported unweighted, as below
+                loss = loss + agg_loss(kl_tok * mb.batch["kl_weights"][rows], m, spec.loss_agg, norm)
+            elif spec.kl_coef > 0:
                 kl = agg_loss(kl_fn(logp, mb.batch["ref_log_prob"][rows]), m, spec.loss_agg, norm)
                 loss = loss + spec.kl_coef * kl
             ent_term = agg_loss(ent, m, spec.loss_agg, norm)

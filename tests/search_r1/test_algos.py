@@ -112,6 +112,16 @@ def test_zero_leading_tokens():
         A.zero_leading_tokens(x, [1, 1])
 
 
+def test_leading_token_values():
+    out = A.leading_token_values((3, 4), [1, 0, 4], lead=2.0, rest=0.5)
+    assert out.tolist() == [[2.0, 0.5, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5], [2.0, 2.0, 2.0, 2.0]]
+    assert out.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"counts must lie in \[0, 4\]"):
+        A.leading_token_values((3, 4), [5, 0, 0], 1.0, 0.0)
+    with pytest.raises(ValueError, match=r"counts \(N,\)"):
+        A.leading_token_values((3, 4), [1, 1], 1.0, 0.0)
+
+
 def test_k3_hand():
     # pi = 0.5, ref = 0.25: d = ln(0.25/0.5) = -0.693147, ratio = 0.5,
     #   k3 = 0.5 - (-0.693147) - 1 = 0.193147

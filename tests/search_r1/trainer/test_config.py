@@ -49,6 +49,17 @@ def test_hydra_overrides_reach_the_dataclasses():
     assert (cfg.rollout.n, cfg.optim.lr, cfg.algorithm.reward) == (2, 3e-5, "em")
 
 
+def test_plan_kl_coef_defaults_to_kl_coef_and_alone_needs_the_reference():
+    from search_r1.trainer.main import worker_spec
+
+    cfg = TrainConfig.from_dict(load("grpo_cpu", ["algorithm.kl_coef=0.02"]))
+    assert (cfg.algorithm.plan_kl_coef, cfg.algorithm.plan_kl) == (None, 0.02)
+    cfg = TrainConfig.from_dict(load("grpo_cpu", ["algorithm.kl_coef=0", "algorithm.plan_kl_coef=1.0"]))
+    assert cfg.algorithm.plan_kl == 1.0 and cfg.algorithm.uses_ref and worker_spec(cfg).use_ref
+    cfg = TrainConfig.from_dict(load("grpo_cpu", ["algorithm.kl_coef=0", "algorithm.plan_kl_coef=0"]))
+    assert not cfg.algorithm.uses_ref and not worker_spec(cfg).use_ref
+
+
 @pytest.mark.parametrize("overrides, fragments", [
     (["algorithm.reward=bleu"], ["algorithm.reward", "'bleu'", "'seed'", "Fix"]),
     (["trainer.batch_size=3", "trainer.mini_batch_size=2"], ["trainer.batch_size", "multiple", "mini_batch_size"]),
@@ -58,6 +69,7 @@ def test_hydra_overrides_reach_the_dataclasses():
     (["rollout.top_p=0.9"], ["rollout.top_p", "1.0", "nucleus"]),
     (["rollout.temperature=0"], ["rollout.temperature", "(0, inf]"]),
     (["algorithm.rollout_is=tis"], ["algorithm.rollout_is", "'token'", "'sequence'"]),
+    (["algorithm.plan_kl_coef=-1"], ["algorithm.plan_kl_coef", "[0, inf]"]),
     (["trainer.total_steps=ten"], ["trainer.total_steps", "integer"]),
     (["trainer.resume=/no/such/ckpt"], ["trainer.resume", "auto"]),
     (["data.train_files=[/no/such/train.parquet]"], ["data.train_files", "/no/such/train.parquet", "does not exist"]),

@@ -242,6 +242,32 @@ def test_pg_first_turn_false_trains_only_the_rounds_after_the_first(make_trainer
     assert m["actor/pg_loss"] == pytest.approx(-sum(signed) / (sum(first) + sum(answers)), rel=1e-5)
 
 
+@pytest.mark.parametrize("plan_kl_coef", [None, 0.5])
+def test_plan_kl_coef_weights_the_first_rounds_kl_apart_from_the_rest(make_trainer, synth_world, tmp_path,
+                                                                      plan_kl_coef):
+    trainer = make_trainer(config(synth_world, tmp_path, rollout={"max_turns": 1},
+                                  algorithm={"pg_first_turn": False, "plan_kl_coef": plan_kl_coef}))
+    seen = []
+    update = trainer.wg.worker.update_actor
+    trainer.wg.worker.update_actor = lambda data: seen.append(data) or update(data)
+
+    def scripts(golds):
+        return [SEARCHES + [f"<answer> {golds[0]} </answer>", "<answer> nothing at all </answer>"],
+                SEARCHES + [f"<answer> {golds[1]} </answer>", f"<answer> {golds[1]} </answer>"]]
+
+    m, _, _, n = scripted_turns_step(trainer, scripts)
+    assert m["actor/skipped_updates"] == 0.0 and len(seen) == 1
+    data = seen[0].batch
+    if plan_kl_coef is None:  # one coefficient for every token: the worker's kl_coef, no per-token key
+        assert "kl_weights" not in data.keys()
+        return
+    # each row's first round (its search) carries plan_kl_coef, every later token kl_coef (0.01)
+    first = torch.tensor([n(SEARCHES[0]), n(SEARCHES[1])] * 2)
+    cols = torch.arange(data["kl_weights"].shape[1])[None, :]
+    expected = torch.where(cols < first[:, None], torch.tensor(0.5), torch.tensor(0.01))
+    torch.testing.assert_close(data["kl_weights"], expected, atol=0, rtol=0)
+
+
 def test_drop_flat_groups_reads_token_advantages_when_the_first_round_is_left_out(make_trainer, synth_world,
                                                                                    tmp_path):
     """pg_first_turn=false zeroes a trajectory's first round; a group whose samples all answered in

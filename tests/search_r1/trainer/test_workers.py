@@ -119,6 +119,38 @@ def test_observation_tokens_get_zero_gradient(local_worker_factory):
     assert not torch.equal(grads(control), g0)
 
 
+def test_kl_weights_scale_each_tokens_kl_term(local_worker_factory):
+    """Per-token KL coefficients (algorithm.plan_kl_coef): constant weights equal kl_coef's loss; a
+    weight on the leading tokens only makes the gradient blind to the reference elsewhere and
+    linear in that weight."""
+    w = local_worker_factory(WorkerSpec(model_name=MODEL, micro_batch_size=2, kl_coef=0.05))
+    base = with_targets(w, fixed_batch(), [0.0, 0.0, 0.0, 0.0])  # no policy gradient: KL alone
+    mask = base.batch["response_mask"].bool()
+    base.batch["ref_log_prob"] = base.batch["ref_log_prob"] + torch.randn(mask.shape, generator=torch.Generator().manual_seed(1))
+
+    def grads(batch, weights=None):
+        b = DataProto.from_dict({k: v.clone() for k, v in batch.batch.items()})
+        if weights is not None:
+            b.batch["kl_weights"] = weights
+        w.optimizer.zero_grad(set_to_none=False)
+        w.accumulate_grads(b, norm=float(b.batch["response_mask"].sum()))
+        return torch.cat([p.grad.reshape(-1).clone() for p in w.params])
+
+    g_spec = grads(base)
+    assert g_spec.abs().sum() > 0
+    torch.testing.assert_close(grads(base, torch.full(mask.shape, 0.05)), g_spec)
+    lead = (torch.arange(mask.shape[1])[None, :] < 1).float().expand_as(mask)  # first response token
+    g1 = grads(base, lead * 1.0)
+    torch.testing.assert_close(grads(base, lead * 3.0), 3.0 * g1)
+    later = DataProto.from_dict({k: v.clone() for k, v in base.batch.items()})
+    later.batch["ref_log_prob"][:, 2:] += 5.0  # a different reference on the unweighted tokens
+    torch.testing.assert_close(grads(later, lead), g1, atol=0, rtol=0)
+    # control: the same change on the weighted token does change the gradient
+    first = DataProto.from_dict({k: v.clone() for k, v in base.batch.items()})
+    first.batch["ref_log_prob"][:, 0] += 5.0
+    assert not torch.allclose(grads(first, lead), g1)
+
+
 def test_arrange_for_dp_puts_each_global_minibatch_across_ranks():
     batch = DataProto.from_dict({"x": torch.arange(8)})
     arranged = arrange_for_dp(batch, n_mini_batches=2, world_size=2).batch["x"].tolist()
