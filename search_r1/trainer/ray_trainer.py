@@ -336,8 +336,8 @@ class RayGRPOTrainer:
         bar.close()
         self._append_jsonl("val_predictions.jsonl", records)
         agg = aggregate(records)
-        metrics: dict[str, float] = {f"val/{source}/{k}": v for source, stats in agg["per_source"].items()
-                                     for k, v in stats.items() if k != "n"}
+        metrics: dict[str, float] = {f"val/{source}/{k}": float(v) for source, stats in agg["per_source"].items()
+                                     for k, v in stats.items()}  # per-source n feeds the per-source alarm
         metrics.update({f"val/{k}": v for k, v in agg[OVERALL].items() if k != "n"})
         metrics["val/n"] = float(n)
         metrics["timing/validate"] = time.perf_counter() - t0
