@@ -257,7 +257,8 @@ for run in runs:
     mid = by_step.get(demo_step) if demo_step != last["step"] else None  # not the final validation again
     two = "synth_hotpotqa"
     ok = "yes" if b is not None and last["val/em"] >= b["val/em"] and (mid is None or mid["val/em"] >= b["val/em"]) else "NO"
-    print(f"| {run.name} | {dtype} | {b['val/em']:.3f} | {f"{mid['val/em']:.3f}" if mid else '-'} | {last['val/em']:.3f} | "
+    mid_em = f"{mid['val/em']:.3f}" if mid else "-"
+    print(f"| {run.name} | {dtype} | {b['val/em']:.3f} | {mid_em} | {last['val/em']:.3f} | "
           f"{b.get(f'val/{two}/em', float('nan')):.3f} -> {last.get(f'val/{two}/em', float('nan')):.3f} | {ok} |")
 
 # Question by question (each run's val_predictions.jsonl; before = the first validation of the run's

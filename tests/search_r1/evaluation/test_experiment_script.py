@@ -26,6 +26,33 @@ def run_experiment(out, world, home, *overrides, **knobs):
     return proc.stdout + proc.stderr
 
 
+def python_heredocs(script: Path) -> list[str]:
+    """The bodies of a shell script's `"$PYTHON" - ... <<'PY'` blocks."""
+    blocks, body = [], None
+    for line in script.read_text().splitlines():
+        if body is None and "<<'PY'" in line:
+            body = []
+        elif body is not None and line == "PY":
+            blocks.append("\n".join(body))
+            body = None
+        elif body is not None:
+            body.append(line)
+    return blocks
+
+
+@pytest.mark.parametrize("script", sorted((REPO / "scripts").glob("*.sh")), ids=lambda p: p.name)
+def test_embedded_python_compiles_on_this_interpreter(script):
+    """The inline Python of the shell scripts runs only at the end of a long experiment: a syntax error
+    there (e.g. a nested f-string with the same quotes, valid only from Python 3.12) would lose the
+    summary after the runs finished. Compiled here, on the project's interpreter."""
+    for i, body in enumerate(python_heredocs(script)):
+        compile(body, f"{script.name}:heredoc{i}", "exec")
+
+
+def test_python_heredocs_finds_the_experiments_blocks():
+    assert len(python_heredocs(REPO / "scripts" / "experiment_cpu.sh")) >= 4
+
+
 @pytest.mark.slow
 def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world, tmp_path):
     world = tmp_path / "world"  # the script builds the BM25 index inside the data directory
