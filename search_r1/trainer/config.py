@@ -251,6 +251,7 @@ class AlgorithmConfig:
         _check_range("algorithm.eps", self.eps, 0)
         _check_range("algorithm.clip_ratio", self.clip_ratio, 0, 1, lo_open=True)
         _check_range("algorithm.kl_coef", self.kl_coef, 0)
+        _check_range("algorithm.entropy_coef", self.entropy_coef, 0)
         if self.plan_kl_coef is not None:
             _check_range("algorithm.plan_kl_coef", self.plan_kl_coef, 0)
 
@@ -263,7 +264,6 @@ class AlgorithmConfig:
     def uses_ref(self) -> bool:
         """Whether any token carries a KL term, so the reference model is needed."""
         return self.kl_coef > 0 or self.plan_kl > 0
-        _check_range("algorithm.entropy_coef", self.entropy_coef, 0)
 
 
 @dataclass(frozen=True)

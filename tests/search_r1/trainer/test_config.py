@@ -70,6 +70,7 @@ def test_plan_kl_coef_defaults_to_kl_coef_and_alone_needs_the_reference():
     (["rollout.temperature=0"], ["rollout.temperature", "(0, inf]"]),
     (["algorithm.rollout_is=tis"], ["algorithm.rollout_is", "'token'", "'sequence'"]),
     (["algorithm.plan_kl_coef=-1"], ["algorithm.plan_kl_coef", "[0, inf]"]),
+    (["algorithm.entropy_coef=-0.1"], ["algorithm.entropy_coef", "[0, inf]"]),
     (["trainer.total_steps=ten"], ["trainer.total_steps", "integer"]),
     (["trainer.resume=/no/such/ckpt"], ["trainer.resume", "auto"]),
     (["data.train_files=[/no/such/train.parquet]"], ["data.train_files", "/no/such/train.parquet", "does not exist"]),
