@@ -235,9 +235,10 @@ class AlgorithmConfig:
     # true = verl's behaviour (every generated token is trained).
     pg_first_turn: bool = True
     # KL coefficient on the first generation round's tokens (the plan and the first query); null =
-    # kl_coef, as every other token (verl's behaviour). A large value holds the plan near the
+    # kl_coef, as every other token (verl's behaviour). A large value pulls the plan toward the
     # reference's while GRPO trains the later rounds: with pg_first_turn=false alone the plan still
-    # drifts through the weights it shares with them (README, "Does it learn?").
+    # drifts through the weights it shares with them. At 1.0 it held in 2 of 3 seeds (README,
+    # "Does it learn?").
     plan_kl_coef: Optional[float] = None
 
     def __post_init__(self):
