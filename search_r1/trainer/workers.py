@@ -447,13 +447,13 @@ class PolicyWorker(Worker):
                                    agg=spec.loss_agg, normalizer=norm, rollout_is_weights=is_w)
             loss = pg
             kl = torch.zeros(())
-            if "kl_weights" in mb.batch.keys():  # per-token coefficients (algorithm.plan_kl_coef)
+            weights = mb.batch["kl_weights"][rows] if "kl_weights" in mb.batch.keys() else None
+            if weights is not None or spec.kl_coef > 0:
                 kl_tok = kl_fn(logp, mb.batch["ref_log_prob"][rows])
-                kl = agg_loss(kl_tok, m, spec.loss_agg, norm)  # reported unweighted, as below
-                loss = loss + agg_loss(kl_tok * mb.batch["kl_weights"][rows], m, spec.loss_agg, norm)
-            elif spec.kl_coef > 0:
-                kl = agg_loss(kl_fn(logp, mb.batch["ref_log_prob"][rows]), m, spec.loss_agg, norm)
-                loss = loss + spec.kl_coef * kl
+                kl = agg_loss(kl_tok, m, spec.loss_agg, norm)  # reported unweighted
+                # per-token coefficients (algorithm.plan_kl_coef) replace the single kl_coef
+                loss = loss + (spec.kl_coef * kl if weights is None
+                               else agg_loss(kl_tok * weights, m, spec.loss_agg, norm))
             ent_term = agg_loss(ent, m, spec.loss_agg, norm)
             if spec.entropy_coef > 0:
                 loss = loss - spec.entropy_coef * ent_term
