@@ -223,6 +223,8 @@ for dtype in $DTYPES; do
           trainer.resume=none trainer.total_steps="$STEPS" trainer.val_before_train=$([[ $first == 1 || $BEFORE == every ]] && echo true || echo false)
           trainer.test_freq="$DEMO_STEPS" trainer.val_sampler="$VAL_SAMPLER" trainer.save_freq=0 trainer.keep_last=1 model.compute_dtype="$dtype"
           model.rollout_dtype="$dtype" "${COMMON[@]}")
+    # A seed that skips the "before" validation gives its validation alarms the first seed's to compare with.
+    if [[ $first == 0 && $BEFORE == first ]]; then args+=(trainer.val_baseline="$first_run/metrics.jsonl"); fi
     # A finished run trained with exactly these arguments (the retriever's port aside) is reused, so a
     # dev-only pass (EXP_TEST=0) followed by the full run trains each seed once; EXP_REUSE=0 retrains.
     record="$(printf '%s\n' "${args[@]}" | grep -v '^retriever.url=')"
@@ -235,6 +237,7 @@ for dtype in $DTYPES; do
       printf '%s\n' "$record" >"$run/exp_args.txt"
     fi
     RUN_DIRS+=("$run")
+    if [[ $first == 1 ]]; then first_run="$run"; fi
     first=0
   done
 done

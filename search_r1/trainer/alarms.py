@@ -16,11 +16,19 @@ greedy validation EM ended at 0.16 against 0.58 before training). Each signal al
 
 An alarm prints once when it starts and again when it clears; it never stops the run (the next
 validation and the checkpoints are the user's to judge).
+
+The validation alarm needs a first validation to compare with. A resumed run replays its own
+metrics.jsonl (`replay`), so it still compares with the validation before training rather than with
+its first one after the resume; a run that does not validate before training (e.g. the later seeds of
+`scripts/experiment_cpu.sh`, which share the first seed's) takes another run's (`set_baseline`,
+`trainer.val_baseline`).
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -63,6 +71,20 @@ class RunAlarms:
                                                    float(metrics[f"{prefix}/n"]), metrics)
         return messages
 
+    def set_baseline(self, record: dict) -> None:
+        """Compare every later validation with `record` (a logged validation: `val/em`, `val/n`, and
+        per source `val/<source>/em`, `val/<source>/n`) instead of with this run's first one."""
+        for key, value in record.items():
+            if key.startswith("val/") and key.endswith("/em") and f"{key[:-len('/em')]}/n" in record:
+                prefix = key[:-len("/em")]
+                self._first_val[prefix] = (float(value), float(record[f"{prefix}/n"]))
+
+    def replay(self, records) -> None:
+        """Feed logged records of this run again (after a resume) to restore the windows, the first
+        validation and which alarms are active, without printing anything."""
+        for record in records:
+            self.check(dict(record))
+
     def _check_validation(self, prefix: str, em: float, n: float, metrics: dict) -> list[str]:
         """Compare a validation EM with the first one of the same prefix (two binomial standard errors)."""
         if prefix not in self._first_val:
@@ -87,3 +109,48 @@ class RunAlarms:
             self._active.discard(name)
             return [f"alarm cleared ({name})"]
         return []
+
+
+def read_history(path, upto_step: int | None = None) -> list[dict]:
+    """The records of a metrics.jsonl as the latest attempt of the run left them.
+
+    metrics.jsonl is appended to: a run restarted from a checkpoint (or from scratch, trainer.resume=none,
+    in the same output_dir) logs its steps again. A record whose step is not after the previous one
+    starts a new attempt from that step, so the records of earlier attempts from that step on are dropped.
+    Records after `upto_step` are left out (a resume from an earlier checkpoint redoes them).
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no metrics log at {path}: give the metrics.jsonl of a run (or its output_dir)")
+    history: list[dict] = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            step = int(record["step"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{path}:{number} is not a metrics record with a step ({err}); "
+                             f"is this a trainer's metrics.jsonl?") from None
+        if history and step <= history[-1]["step"] and not _same_step_next_record(history, record):
+            history = [r for r in history if r["step"] < step]
+        history.append(record)
+    return [r for r in history if upto_step is None or r["step"] <= upto_step]
+
+
+def _same_step_next_record(history: list[dict], record: dict) -> bool:
+    """The last step of a run logs its training record and then the final validation under one step
+    number: a record with `val/em` after one without, at the same step, continues the attempt."""
+    last = history[-1]
+    return record["step"] == last["step"] and "val/em" in record and "val/em" not in last
+
+
+def first_validation(path) -> dict:
+    """The first validation record (the one with `val/em`) in a run's metrics.jsonl, for `set_baseline`."""
+    for record in read_history(path):
+        if "val/em" in record:
+            return record
+    raise ValueError(f"{path} holds no validation record (val/em): the run never validated; give a run "
+                     f"that validated before training (trainer.val_before_train=true)")

@@ -338,6 +338,10 @@ class TrainerConfig:
     kl_alarm: float = 0.1
     # Steps averaged by the alarms.
     alarm_window: int = 5
+    # A run's metrics.jsonl (or its output_dir) whose first validation the validation alarms compare
+    # with; empty = this run's own first validation. For runs that share one "before" validation
+    # (scripts/experiment_cpu.sh's later seeds, which skip val_before_train).
+    val_baseline: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "loggers", tuple(self.loggers))

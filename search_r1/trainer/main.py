@@ -127,6 +127,14 @@ def check_paths(cfg: TrainConfig) -> None:
             raise ValueError(f"config warmstart.train_files lists {f!r}, which does not exist. Fix: point it at "
                              f"existing parquet files, or leave it empty ([]) to draw the demonstrations from "
                              f"data.train_files")
+    if cfg.trainer.val_baseline:
+        from search_r1.trainer.alarms import first_validation
+
+        try:
+            first_validation(Path(cfg.trainer.val_baseline).expanduser())
+        except (FileNotFoundError, ValueError) as exc:
+            raise ValueError(f"config trainer.val_baseline: {exc}. Fix: point it at the metrics.jsonl (or "
+                             f"output_dir) of a run that validated, or leave it empty") from None
     if d.dir != AUTO and not (d.train_files and d.test_files):
         for name in ("train.parquet", "test.parquet"):
             if not (Path(d.dir).expanduser() / name).is_file():

@@ -127,6 +127,7 @@ class RayGRPOTrainer:
         start = self.maybe_resume()
         if self.rollout is not None:  # the server holds the warm-started weights; a resumed policy differs
             self.rollout.sync(self.wg)
+        self._restore_alarms(start)
         summary: dict = {"resumed_from": start}
         if t.val_before_train and start == 0:
             summary["val_before"] = self._log(self.validate(0), step=0)
@@ -351,6 +352,17 @@ class RayGRPOTrainer:
         paths = self.wg.save_checkpoint(str(self.checkpoint_root), step, self.cfg.trainer.keep_last, extra,
                                         self.train_loader.state_dict(), capture_rng_state())
         return paths[0]
+
+    def _restore_alarms(self, start: int) -> None:
+        """Give the alarms the validation to compare with (trainer.val_baseline) and, after a resume,
+        this run's logged steps up to the checkpoint, so they judge the run as a whole."""
+        from search_r1.trainer.alarms import first_validation, read_history
+
+        if self.cfg.trainer.val_baseline:
+            self.alarms.set_baseline(first_validation(Path(self.cfg.trainer.val_baseline).expanduser()))
+        own = getattr(self.logger, "jsonl_path", None)
+        if start and own is not None and Path(own).is_file():
+            self.alarms.replay(read_history(own, upto_step=start))
 
     def maybe_resume(self) -> int:
         """Load the checkpoint trainer.resume points at; returns the step it ends (0 = fresh start)."""

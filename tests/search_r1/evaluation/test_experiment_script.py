@@ -93,9 +93,17 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
     # EXP_GRPO_SOURCES: GRPO prompts from two-hop questions only, each twice, from the same warm-start as
     # before (its demonstrations still come from every training question, so its cache entry is reused).
     warm = [line for line in log.splitlines() if line.startswith("[experiment] warm-start search")]
-    log = run_experiment(out, world, home, "optim.lr=2e-5", EXP_TEST=0, EXP_GRPO_SOURCES="synth_hotpotqa:2")
+    # A second seed skips the "before" validation and gives its alarms the first seed's instead: with
+    # none, its only (final) validation was compared with nothing (no alarm/validation in its record).
+    log = run_experiment(out, world, home, "optim.lr=2e-5", EXP_TEST=0, EXP_GRPO_SOURCES="synth_hotpotqa:2",
+                         EXP_SEEDS="0 1")
     assert "reusing the finished run" not in log
     assert "optim.lr=2e-5" in (run / "exp_args.txt").read_text()
+    seed1 = out / "grpo_auto_seed1"
+    assert f"trainer.val_baseline={run}/metrics.jsonl" in (seed1 / "exp_args.txt").read_text()
+    assert "trainer.val_baseline" not in (run / "exp_args.txt").read_text()
+    seed1_vals = [r for r in map(json.loads, (seed1 / "metrics.jsonl").read_text().splitlines()) if "val/em" in r]
+    assert [r["step"] for r in seed1_vals] == [1] and "alarm/validation" in seed1_vals[0]
     assert [line for line in log.splitlines() if line.startswith("[experiment] warm-start search")] == warm
     import pyarrow.parquet as pq
     grpo_train = pq.read_table(out / "data" / "train_grpo.parquet").to_pylist()

@@ -1,5 +1,9 @@
 """RunAlarms on hand-made metric streams: each alarm fires once when its window crosses, clears after."""
-from search_r1.trainer.alarms import RunAlarms
+import json
+
+import pytest
+
+from search_r1.trainer.alarms import RunAlarms, first_validation, read_history
 
 
 def step(em, kl):
@@ -63,3 +67,65 @@ def test_skipped_updates_count_for_the_reward_but_not_for_the_kl_window():
         alarms.check({"reward/em": em})
     got = alarms.check({"reward/em": 0.0})  # skipped steps still show the sampled EM falling
     assert len(got) == 1 and "fell from 0.600" in got[0]
+
+
+def write_log(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_a_run_without_its_own_before_validation_compares_with_the_baseline():
+    """experiment_cpu.sh's later seeds skip the "before" validation: without a baseline their final
+    validation became the first one and was compared with nothing."""
+    final = {"val/em": 0.3, "val/n": 64.0, "val/synth_hotpotqa/em": 0.1, "val/synth_hotpotqa/n": 32.0}
+    alone = RunAlarms()
+    assert alone.check(dict(final)) == [] and "alarm/validation" not in final
+    alarms = RunAlarms()
+    alarms.set_baseline({"step": 0, "val/em": 0.6, "val/n": 64.0, "val/synth_hotpotqa/em": 0.3,
+                         "val/synth_hotpotqa/n": 32.0, "val/synth_nq/em": 0.9})  # no n: not a baseline
+    m = dict(final)
+    got = alarms.check(m)
+    assert [g.split(":")[0] for g in got] == ["ALARM (validation)", "ALARM (validation/synth_hotpotqa)"], got
+    assert "below the first validation's 0.600" in got[0]
+    assert set(alarms._first_val) == {"val", "val/synth_hotpotqa"}
+
+
+def test_replay_restores_windows_first_validation_and_active_alarms_silently():
+    alarms = RunAlarms(kl=0.1, window=2)
+    history = [{"step": 0, "val/em": 0.6, "val/n": 64.0}, {"step": 1, **step(0.5, 0.3)},
+               {"step": 2, **step(0.5, 0.3)}]  # the drift alarm was on at step 2
+    alarms.replay(history)
+    assert "alarm/drift" not in history[2]  # the log's records are not changed
+    assert alarms.check(step(0.5, 0.3)) == []  # still on: not announced again
+    assert alarms.check(step(0.5, 0.0)) == []  # (0.3 + 0) / 2 = 0.15: still on
+    assert alarms.check(step(0.5, 0.0)) == ["alarm cleared (drift)"]
+    got = alarms.check({"val/em": 0.2, "val/n": 64.0})  # compared with step 0, not taken as the first
+    assert len(got) == 1 and "0.600" in got[0]
+
+
+def test_read_history_keeps_the_latest_attempt(tmp_path):
+    val0 = {"step": 0, "val/em": 0.5, "val/n": 4.0}
+    log = write_log(tmp_path / "metrics.jsonl", [
+        val0, {"step": 1, "reward/em": 0.1}, {"step": 2, "reward/em": 0.2}, {"step": 3, "reward/em": 0.3},
+        # crashed after step 3, resumed from the step-1 checkpoint: steps 2 and 3 again, then the end
+        {"step": 2, "reward/em": 0.7}, {"step": 3, "reward/em": 0.8}, {"step": 4, "reward/em": 0.9},
+        {"step": 4, "val/em": 0.75, "val/n": 4.0}])
+    got = read_history(log)
+    assert [(r["step"], r.get("reward/em", r.get("val/em"))) for r in got] == [
+        (0, 0.5), (1, 0.1), (2, 0.7), (3, 0.8), (4, 0.9), (4, 0.75)]
+    assert [r["step"] for r in read_history(tmp_path, upto_step=2)] == [0, 1, 2]  # a run directory works
+    assert first_validation(log) == val0
+    # trainer.resume=none in the same directory: the earlier run's records are dropped
+    write_log(log, [val0, {"step": 1, "reward/em": 0.1}, {"step": 0, "val/em": 0.25, "val/n": 4.0}])
+    assert first_validation(log)["val/em"] == 0.25
+
+
+def test_a_baseline_that_is_not_a_validated_run_is_refused_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no metrics log at"):
+        first_validation(tmp_path / "nowhere.jsonl")
+    log = write_log(tmp_path / "metrics.jsonl", [{"step": 1, "reward/em": 0.1}])
+    with pytest.raises(ValueError, match="never validated.*val_before_train=true"):
+        first_validation(log)
+    log.write_text('{"step": 1}\nnot json\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2 is not a metrics record"):
+        first_validation(log)

@@ -86,6 +86,8 @@ def test_plan_kl_coef_defaults_to_kl_coef_and_alone_needs_the_reference():
     (["warmstart.two_hop_share=0.5", "rollout.max_turns=1"], ["warmstart.two_hop_share", "rollout.max_turns=2"]),
     (["rollout.backend=sglang"], ["rollout.backend", "'hf'", "'vllm'"]),
     (["trainer.val_sampler=vllm"], ["trainer.val_sampler", "'rollout'", "'hf'"]),
+    (["trainer.val_baseline=/no/such/run/metrics.jsonl"],
+     ["trainer.val_baseline", "no metrics log at /no/such/run/metrics.jsonl", "leave it empty"]),
     (["rollout.backend=vllm", "rollout.vllm_python=/no/such/python"],
      ["no python with vLLM", "/no/such/python", "make install-vllm", "rollout.backend=hf"]),
 ])

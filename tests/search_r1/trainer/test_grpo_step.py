@@ -140,6 +140,32 @@ def test_grpo_step_with_known_rewards_gives_the_hand_computed_advantages_and_los
     assert m["training/rollout_log_probs_diff_max"] > 1.0
 
 
+def test_a_resumed_run_and_a_baseline_give_the_alarms_the_validation_before_training(make_trainer, synth_world,
+                                                                                      tmp_path):
+    from search_r1.trainer.metrics import MetricsLogger
+
+    run = tmp_path / "run"
+    logger = MetricsLogger(run, loggers=["jsonl"])
+    for step, record in [(0, {"val/em": 0.6, "val/n": 64.0}), (1, {"reward/em": 0.5}), (2, {"reward/em": 0.5}),
+                         (3, {"reward/em": 0.1, "val/em": 0.1, "val/n": 64.0})]:  # after the checkpoint
+        logger.log(record, step)
+    logger.close()
+    # resumed from the step-2 checkpoint: steps 0-2 replayed, step 3 (to be redone) not
+    trainer = make_trainer(config(synth_world, run))
+    trainer.logger = MetricsLogger(run, loggers=["jsonl"])
+    trainer._restore_alarms(2)
+    assert [m["reward/em"] for m in trainer.alarms._train] == [0.5, 0.5]
+    got = trainer.alarms.check({"val/em": 0.1, "val/n": 64.0})
+    assert len(got) == 1 and "first validation's 0.600" in got[0], got
+    # a fresh run that does not validate before training, given that run as its baseline
+    other = make_trainer(config(synth_world, tmp_path / "seed1",
+                                trainer={"val_baseline": str(run), "val_before_train": False}))
+    other._restore_alarms(0)
+    got = other.alarms.check({"val/em": 0.1, "val/n": 64.0})
+    assert len(got) == 1 and "first validation's 0.600" in got[0], got
+    trainer.logger.close()
+
+
 def test_resume_applies_free_settings_and_refuses_state_bound_ones(make_trainer, synth_world, tmp_path):
     trainer = make_trainer(config(synth_world, tmp_path))
     path = trainer.save_checkpoint(3)
