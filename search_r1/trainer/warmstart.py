@@ -57,6 +57,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from search_r1.dtypes import machine_description
+
 log = logging.getLogger("search_r1.trainer.warmstart")
 
 META_FILE = "warmstart.json"
@@ -411,6 +413,21 @@ def settings_key(model_name: str, demos: list[Demo], **settings) -> str:
     return h.hexdigest()[:16]
 
 
+def other_machine_note(meta: dict) -> str:
+    """A note when a cached warm-start was trained on another CPU kind (or an older cache that did not
+    record one). The machine is not part of the cache key: the same settings are the same recipe, and a
+    cache copied between machines stays usable. But SFT in bf16 on another CPU kind is another run (the
+    same recipe gave dev EM 0.641 on an AMD EPYC and 0.734 on an Intel Xeon), so results say which."""
+    here = machine_description()
+    built = meta.get("machine")
+    if built is None:
+        return f"this warm-start does not record the machine it was trained on (this one: {here})"
+    if built != here:
+        return (f"this warm-start was trained on another machine ({built}; this one: {here}); bf16 SFT on "
+                f"another CPU kind gives another model, so report where it was trained")
+    return ""
+
+
 def is_complete(directory: Path) -> bool:
     try:
         return json.loads((directory / META_FILE).read_text()).get("format_version") == FORMAT_VERSION
@@ -447,6 +464,9 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
     if is_complete(target):
         meta = json.loads((target / META_FILE).read_text())
         print(f"[warmstart] reusing {target} (loss {meta['loss_first']:.3f} -> {meta['loss_last']:.3f})", flush=True)
+        note = other_machine_note(meta)
+        if note:
+            print(f"[warmstart] {note}", flush=True)
         return target, meta
     root.mkdir(parents=True, exist_ok=True)
     threads_before = torch.get_num_threads()
@@ -466,7 +486,8 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
                     **settings, "lr_schedule": lr_schedule, "batching": batching,
                     "max_obs_length": max_obs_length, "max_tokens_per_turn": max_tokens_per_turn,
                     "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
-                    "seconds": round(time.perf_counter() - t0, 1), "example": demos[0].response_text}
+                    "seconds": round(time.perf_counter() - t0, 1), "machine": machine_description(),
+                    "torch": torch.__version__, "example": demos[0].response_text}
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
             if target.exists():  # stale or partial: replace
                 shutil.rmtree(target, ignore_errors=True)

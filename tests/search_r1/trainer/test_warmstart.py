@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 
+from search_r1.dtypes import machine_description
 from search_r1.models import load_model_and_tokenizer, load_tokenizer
 from search_r1.protocol import ObservationEncoder, decode_ids
 from search_r1.rewards import check_format_correctness, compute_reward
@@ -154,7 +155,7 @@ def test_masked_loss_matches_a_hand_computed_reference(demos, tokenizer):
     assert float(got) == pytest.approx(total / count, rel=1e-4)
 
 
-def test_sft_lowers_the_loss_and_the_result_is_cached(demos, client, synth_world, tmp_path):
+def test_sft_lowers_the_loss_and_the_result_is_cached(demos, client, synth_world, tmp_path, capsys):
     model, tok = load_model_and_tokenizer(MODEL)
     losses = train(model, demos[:2], tok.pad_token_id, steps=4, batch_size=2, lr=1e-3, seed=0,
                    compute_dtype="float32", progress=False)
@@ -175,9 +176,17 @@ def test_sft_lowers_the_loss_and_the_result_is_cached(demos, client, synth_world
     assert (path / "config.json").is_file() and meta["n_demos"] == 2
     loaded, _ = load_model_and_tokenizer(str(path))  # an ordinary HF directory
     stamp = (path / "warmstart.json").stat().st_mtime_ns
+    assert meta["machine"] == machine_description() and meta["torch"] == torch.__version__
+    capsys.readouterr()
     again, meta2 = ensure_warmstart(MODEL, client, [synth_world / "train.parquet"], **kw)
     assert again == path and (path / "warmstart.json").stat().st_mtime_ns == stamp  # reused, not retrained
     assert meta2["losses"] == meta["losses"]
+    assert "another machine" not in capsys.readouterr().out
+    # a cache copied from another CPU kind is used, and says where it was trained
+    (path / "warmstart.json").write_text(json.dumps({**meta, "machine": "Intel Xeon, torch AVX512, amx_bf16"}))
+    again, _ = ensure_warmstart(MODEL, client, [synth_world / "train.parquet"], **kw)
+    out = capsys.readouterr().out
+    assert again == path and "trained on another machine (Intel Xeon, torch AVX512, amx_bf16; this one: " in out
     other, _ = ensure_warmstart(MODEL, client, [synth_world / "train.parquet"], **{**kw, "seed": 1})
     assert other != path
     assert json.loads((other / "warmstart.json").read_text())["seed"] == 1
