@@ -25,10 +25,11 @@ its first one after the resume; a run that does not validate before training (e.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from search_r1.trainer.metrics import read_metrics
 
 
 @dataclass
@@ -125,14 +126,12 @@ def read_history(path, upto_step: int | None = None) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"no metrics log at {path}: give the metrics.jsonl of a run (or its output_dir)")
     history: list[dict] = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
+    # read_metrics skips a torn line (a crash mid-write), which is exactly the log a resume finds
+    for number, record in enumerate(read_metrics(path), 1):
         try:
-            record = json.loads(line)
             step = int(record["step"])
         except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"{path}:{number} is not a metrics record with a step ({err}); "
+            raise ValueError(f"{path}: record {number} is not a metrics record with a step ({err}); "
                              f"is this a trainer's metrics.jsonl?") from None
         if history and step <= history[-1]["step"] and not _same_step_next_record(history, record):
             history = [r for r in history if r["step"] < step]

@@ -126,6 +126,15 @@ def test_a_baseline_that_is_not_a_validated_run_is_refused_clearly(tmp_path):
     log = write_log(tmp_path / "metrics.jsonl", [{"step": 1, "reward/em": 0.1}])
     with pytest.raises(ValueError, match="never validated.*val_before_train=true"):
         first_validation(log)
-    log.write_text('{"step": 1}\nnot json\n')
-    with pytest.raises(ValueError, match=r"metrics.jsonl:2 is not a metrics record"):
+    log.write_text('{"step": 1}\n{"val/em": 0.5}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl: record 2 is not a metrics record with a step"):
         first_validation(log)
+
+
+def test_a_torn_line_from_a_crash_does_not_block_the_resume(tmp_path):
+    """A run killed mid-write leaves half a line, and the resumed run appends after it."""
+    log = write_log(tmp_path / "metrics.jsonl", [{"step": 0, "val/em": 0.5, "val/n": 4.0}, {"step": 1, "reward/em": 0.1}])
+    with open(log, "a") as f:
+        f.write('{"step": 2, "rew')
+    assert [r["step"] for r in read_history(log, upto_step=1)] == [0, 1]
+    assert first_validation(log)["val/em"] == 0.5
