@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 OUT="${SELECT_OUT:-outputs/select_recipe}"
-CANDIDATES="${SELECT_CANDIDATES:-base= lr1e-6=optim.lr=1e-6 lr1e-5=optim.lr=1e-5}"
+CANDIDATES="${SELECT_CANDIDATES:-base= lr3e-6=optim.lr=3e-6 plankl5=algorithm.plan_kl_coef=5.0}"
 mkdir -p "$OUT"
 for candidate in $CANDIDATES; do
   name="${candidate%%=*}"

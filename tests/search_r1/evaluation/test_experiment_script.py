@@ -61,6 +61,11 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
 
     log = run_experiment(out, world, home)
     assert "rollout.backend=hf" in log
+    # The shipped recipe trains GRPO on the two-hop questions only (EXP_GRPO_SOURCES unset).
+    import pyarrow.parquet as pq
+    assert "GRPO prompts:" in log
+    assert set(pq.read_table(out / "data" / "train_grpo.parquet").column("data_source").to_pylist()) == {"synth_hotpotqa"}
+    assert "data.train_files=['" + str(out / "data" / "train_grpo.parquet") in (out / "grpo_auto_seed0" / "exp_args.txt").read_text()
     for arm in ("no-search", "rag", "warm-start", "grpo-s0"):
         results = json.loads((out / "eval" / "test" / arm / "results.json").read_text())
         per_source = results["metrics"]["per_source"]
@@ -105,7 +110,6 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
     seed1_vals = [r for r in map(json.loads, (seed1 / "metrics.jsonl").read_text().splitlines()) if "val/em" in r]
     assert [r["step"] for r in seed1_vals] == [1] and "alarm/validation" in seed1_vals[0]
     assert [line for line in log.splitlines() if line.startswith("[experiment] warm-start search")] == warm
-    import pyarrow.parquet as pq
     grpo_train = pq.read_table(out / "data" / "train_grpo.parquet").to_pylist()
     assert {r["data_source"] for r in grpo_train} == {"synth_hotpotqa"}
     two_hop = [r["id"] for r in pq.read_table(out / "data" / "train.parquet").to_pylist()
