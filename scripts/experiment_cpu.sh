@@ -20,8 +20,8 @@
 #   3. GRPO from the `search` warm-start, once per seed in EXP_SEEDS and dtype in EXP_DTYPES, on the
 #      training questions minus dev of the EXP_GRPO_SOURCES kinds (two-hop by default); the trainer
 #      validates greedily on EXP_DEV_VAL dev questions before training (first seed of each dtype), every
-#      EXP_DEMO_STEPS steps and after the last step, with the
-#      HF sampler (EXP_VAL_SAMPLER) so that the same model always gets the same dev score;
+#      EXP_DEMO_STEPS steps and after the last step, with the HF sampler (EXP_VAL_SAMPLER) so that the
+#      same model always gets the same dev score;
 #   4. (EXP_TEST=1) greedy evaluation of the test split, once per final model (python -m search_r1.eval):
 #      no-search, RAG, warm-start alone (search, before GRPO) and every GRPO run (after GRPO);
 #   5. the comparison (search_r1.evaluation.compare: EM per arm and source with the spread over seeds,

@@ -64,8 +64,9 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
     # The shipped recipe trains GRPO on the two-hop questions only (EXP_GRPO_SOURCES unset).
     import pyarrow.parquet as pq
     assert "GRPO prompts:" in log
-    assert set(pq.read_table(out / "data" / "train_grpo.parquet").column("data_source").to_pylist()) == {"synth_hotpotqa"}
-    assert "data.train_files=['" + str(out / "data" / "train_grpo.parquet") in (out / "grpo_auto_seed0" / "exp_args.txt").read_text()
+    grpo_file = out / "data" / "train_grpo.parquet"
+    assert set(pq.read_table(grpo_file).column("data_source").to_pylist()) == {"synth_hotpotqa"}
+    assert f"data.train_files=['{grpo_file}']" in (out / "grpo_auto_seed0" / "exp_args.txt").read_text()
     for arm in ("no-search", "rag", "warm-start", "grpo-s0"):
         results = json.loads((out / "eval" / "test" / arm / "results.json").read_text())
         per_source = results["metrics"]["per_source"]
