@@ -240,6 +240,18 @@ class AlgorithmConfig:
     # drifts through the weights it shares with them. At 1.0 it held in 2 of 3 seeds (README,
     # "Does it learn?").
     plan_kl_coef: Optional[float] = None
+    # Supervised anchor (InstructGPT's PPO-ptx term, on demonstrations instead of pretraining text):
+    # every policy update adds anchor_coef * the token-mean NLL of anchor_batch_size demonstrations
+    # in the warm-start's search format, drawn from a pool of anchor_examples built from the
+    # warm-start's training questions. Why: GRPO on two-hop prompts moves the plan threshold that
+    # single-hop questions share, and their prompts, absent from the batch, hold nothing; the anchor
+    # keeps the model's likelihood of one-search demonstrations on those questions.
+    # 0 = off (verl's behaviour).
+    anchor_coef: float = 0.0
+    anchor_examples: int = 256
+    anchor_batch_size: int = 8
+    # Share of two-hop demonstrations in the anchor pool: 0 = single-hop only.
+    anchor_two_hop_share: float = 0.0
 
     def __post_init__(self):
         _check_choice("algorithm.reward", self.reward, tuple(sorted(REWARD_FNS)))
@@ -255,6 +267,14 @@ class AlgorithmConfig:
         _check_range("algorithm.entropy_coef", self.entropy_coef, 0)
         if self.plan_kl_coef is not None:
             _check_range("algorithm.plan_kl_coef", self.plan_kl_coef, 0)
+        _check_range("algorithm.anchor_coef", self.anchor_coef, 0)
+        _check_range("algorithm.anchor_examples", self.anchor_examples, 1)
+        _check_range("algorithm.anchor_batch_size", self.anchor_batch_size, 1)
+        _check_range("algorithm.anchor_two_hop_share", self.anchor_two_hop_share, 0.0, 1.0)
+        if self.anchor_coef > 0 and self.anchor_batch_size > self.anchor_examples:
+            raise _fail("algorithm.anchor_batch_size", self.anchor_batch_size,
+                        f"<= algorithm.anchor_examples ({self.anchor_examples})",
+                        "lower anchor_batch_size or raise anchor_examples")
 
     @property
     def plan_kl(self) -> float:
@@ -440,6 +460,11 @@ class TrainConfig:
             raise _fail("warmstart.two_hop_share", w.two_hop_share,
                         f"0 when rollout.max_turns < 2 (it is {self.rollout.max_turns}): two-hop demonstrations "
                         f"search twice", "set rollout.max_turns=2 or warmstart.two_hop_share=0")
+        a = self.algorithm
+        if a.anchor_coef > 0 and a.anchor_two_hop_share > 0 and self.rollout.max_turns < 2:
+            raise _fail("algorithm.anchor_two_hop_share", a.anchor_two_hop_share,
+                        f"0 when rollout.max_turns < 2 (it is {self.rollout.max_turns}): two-hop demonstrations "
+                        f"search twice", "set rollout.max_turns=2 or algorithm.anchor_two_hop_share=0")
         if self.rollout.max_start_length < self.data.max_prompt_length:
             raise _fail("rollout.max_start_length", self.rollout.max_start_length,
                         f">= data.max_prompt_length ({self.data.max_prompt_length})",

@@ -195,7 +195,8 @@ def worker_spec(cfg: TrainConfig, model_path: str | None = None):
         grad_clip=o.grad_clip, clip_ratio=a.clip_ratio, kl_coef=a.kl_coef, kl_type=a.kl_type,
         entropy_coef=a.entropy_coef, loss_agg=a.loss_agg, temperature=cfg.rollout.temperature,
         rollout_is=a.rollout_is, rollout_is_threshold=a.rollout_is_threshold, ppo_epochs=t.ppo_epochs,
-        micro_batch_size=t.micro_batch_size, use_ref=a.uses_ref, skip_zero_advantage=a.skip_zero_advantage)
+        micro_batch_size=t.micro_batch_size, use_ref=a.uses_ref, skip_zero_advantage=a.skip_zero_advantage,
+        anchor_coef=a.anchor_coef)
 
 
 def warm_start(cfg: TrainConfig, data: DataPaths, search_engine, url: str | None = None) -> str | None:
@@ -216,7 +217,7 @@ def warm_start(cfg: TrainConfig, data: DataPaths, search_engine, url: str | None
                   batching=w.batching,
                   compute_dtype=resolve_dtypes(cfg).model.compute_dtype,
                   threads=cfg.trainer.threads_per_worker)
-    files = [str(Path(f).expanduser()) for f in w.train_files] or [str(f) for f in data.train_files]
+    files = warmstart_files(cfg, data)
     if url is None:
         return str(ensure_warmstart(cfg.model.name, search_engine, files, **kwargs)[0])
     import multiprocessing
@@ -226,6 +227,32 @@ def warm_start(cfg: TrainConfig, data: DataPaths, search_engine, url: str | None
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(ensure_warmstart_with_url, cfg.model.name, url, r.topk, r.timeout, r.retries,
                            files, kwargs).result()
+
+
+def warmstart_files(cfg: TrainConfig, data: DataPaths) -> list[str]:
+    """The training files demonstrations are drawn from: warmstart.train_files, else data.train_files."""
+    return ([str(Path(f).expanduser()) for f in cfg.warmstart.train_files]
+            or [str(f) for f in data.train_files])
+
+
+def anchor_demos(cfg: TrainConfig, data: DataPaths, search_engine, tokenizer) -> list:
+    """The supervised anchor's pool (algorithm.anchor_coef > 0; else []): anchor_examples
+    demonstrations in the warm-start's format from its training files, drawn with seed
+    warmstart.seed + 1 (another draw than the warm-start's own), anchor_two_hop_share of them two-hop."""
+    a, w, r = cfg.algorithm, cfg.warmstart, cfg.rollout
+    if a.anchor_coef <= 0:
+        return []
+    from search_r1.trainer.warmstart import build_demos
+
+    demos = build_demos(tokenizer, search_engine, warmstart_files(cfg, data), n_examples=a.anchor_examples,
+                        seed=w.seed + 1, max_obs_length=r.max_obs_length, max_tokens_per_turn=r.max_tokens_per_turn,
+                        protocol=cfg.data.protocol, fmt=w.format, two_hop_share=a.anchor_two_hop_share)
+    if len(demos) < a.anchor_batch_size:
+        raise ValueError(f"algorithm.anchor_batch_size={a.anchor_batch_size} but only {len(demos)} anchor "
+                         f"demonstrations qualified. Fix: lower algorithm.anchor_batch_size")
+    print(f"[trainer] supervised anchor: {len(demos)} demonstrations ({sum(d.hops == 2 for d in demos)} two-hop), "
+          f"{a.anchor_batch_size} per update at coefficient {a.anchor_coef}", flush=True)
+    return demos
 
 
 def init_ray(num_cpus: int) -> bool:
@@ -305,7 +332,8 @@ def run(cfg: TrainConfig, search_engine=None) -> dict:
             stack.callback(rollout.stop)
             rollout.start()
         trainer = RayGRPOTrainer(cfg, tokenizer, group, search_engine, loader, val_ds, logger,
-                                 checkpoint_root=out / "checkpoints", rollout=rollout)
+                                 checkpoint_root=out / "checkpoints", rollout=rollout,
+                                 anchor=anchor_demos(cfg, data, search_engine, tokenizer))
         summary = trainer.fit()
     metrics_path = out / "metrics.jsonl"
     plot_path = out / "training_curves.png"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import random
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,7 +87,8 @@ class RayGRPOTrainer:
     """
 
     def __init__(self, config: TrainConfig, tokenizer, worker_group, search_engine, train_loader,
-                 val_dataset, metrics_logger=None, checkpoint_root: str | Path | None = None, rollout=None):
+                 val_dataset, metrics_logger=None, checkpoint_root: str | Path | None = None, rollout=None,
+                 anchor: list | None = None):
         self.cfg = config
         self.tokenizer = tokenizer
         self.wg = worker_group
@@ -114,6 +116,20 @@ class RayGRPOTrainer:
         self.global_step = 0
         self.history: list[dict] = []  # every logged metrics dict, for the caller's summary
         self.alarms = RunAlarms(kl=config.trainer.kl_alarm, window=config.trainer.alarm_window)
+        # algorithm.anchor_coef: the workers keep the demonstrations; each update names its rows
+        self.anchor_size = 0
+        if config.algorithm.anchor_coef > 0:
+            if not anchor:
+                raise ValueError("algorithm.anchor_coef > 0 needs anchor demonstrations (main.anchor_demos)")
+            self.anchor_size = self.wg.set_anchor(list(anchor))[0]
+
+    def anchor_rows(self, step: int) -> list[int]:
+        """The anchor demonstrations of step `step`: a sample without replacement, a function of
+        (trainer.seed, step) only, so a resumed run draws what the uninterrupted one would."""
+        if not self.anchor_size:
+            return []
+        k = self.cfg.algorithm.anchor_batch_size
+        return random.Random(f"anchor/{self.cfg.trainer.seed}/{step}").sample(range(self.anchor_size), k)
 
     @property
     def val_generator(self):
@@ -160,7 +176,7 @@ class RayGRPOTrainer:
         timing: dict[str, float] = {}
         with timed(timing, "step"):
             rollout = self.generate_trajectory(batch, step, timing)
-            metrics = self.grpo_step(rollout, timing)
+            metrics = self.grpo_step(rollout, timing, step)
         metrics.update({f"timing/{k}": v for k, v in timing.items()})
         # model compute = time inside the workers (sampling, forward, forward+backward+AdamW);
         # the rest is rollout bookkeeping, search, scoring and Ray dispatch/serialisation
@@ -185,7 +201,7 @@ class RayGRPOTrainer:
         timing["gen_worker"] = self.generator.worker_seconds - worker_before  # sampling alone
         return rollout
 
-    def grpo_step(self, batch: DataProto, timing: dict) -> dict:
+    def grpo_step(self, batch: DataProto, timing: dict, step: int = 0) -> dict:
         """rewards -> GRPO advantages -> (drop flat groups) -> old and ref log-probs -> policy update;
         returns metrics (reward and rollout statistics over every sampled trajectory)."""
         alg = self.cfg.algorithm
@@ -234,6 +250,7 @@ class RayGRPOTrainer:
             update = arrange_for_dp(train.select(batch_keys=keys), self.n_mini_batches, self.wg.world_size)
             update.meta_info["n_mini_batches"] = self.n_mini_batches
             update.meta_info["old_is_current"] = self.old_is_current
+            update.meta_info["anchor_rows"] = self.anchor_rows(step)
             per_rank = self.wg.update_actor(update)  # identical actor/* metrics on every rank
         timing["update_actor_worker"] = max(m.pop("perf/update_worker_s") for m in per_rank)
         if self.rollout is not None and per_rank[0]["actor/skipped_updates"] < 1.0:  # else the weights did not change

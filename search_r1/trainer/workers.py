@@ -83,6 +83,8 @@ class WorkerSpec:
     use_ref: bool = True
     # no optimizer step for a mini-batch whose advantages are all 0 (algorithm.skip_zero_advantage)
     skip_zero_advantage: bool = False
+    # weight of the supervised anchor's NLL in every update (algorithm.anchor_coef; `set_anchor`)
+    anchor_coef: float = 0.0
 
 
 def arrange_for_dp(batch: DataProto, n_mini_batches: int, world_size: int) -> DataProto:
@@ -221,8 +223,16 @@ class PolicyWorker(Worker):
         if spec.rollout_dtype == "bfloat16":
             self.rollout_model = rollout_copy(self.model, torch.bfloat16)
         self.generator = None  # built on first use
+        self.anchor = []  # supervised anchor demonstrations (set_anchor)
         return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
                 "threads": torch.get_num_threads(), "n_params": sum(p.numel() for p in self.params)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_anchor(self, demos: list) -> int:
+        """Keep the supervised anchor's demonstrations (warmstart.Demo; every rank the whole pool, so
+        each can compute the global token count of the rows an update names). Returns the pool size."""
+        self.anchor = list(demos)
+        return len(self.anchor)
 
     def _broadcast_weights(self) -> None:
         if self.world_size > 1:  # loading is deterministic, but a broadcast makes equality a fact
@@ -355,8 +365,10 @@ class PolicyWorker(Worker):
         data (local shard, arranged with `arrange_for_dp`): input_ids, attention_mask, position_ids,
         responses, response_mask (N, R), old_log_probs, ref_log_prob, rollout_log_probs, advantages (N, R).
         meta_info["n_mini_batches"]: mini-batches per epoch (same on every rank).
+        meta_info["anchor_rows"] (with spec.anchor_coef > 0): indices into the `set_anchor` pool.
 
             loss = PPO-clip(logp, old, A) + kl_coef * KL_k3(logp, ref) - entropy_coef * H(pi)
+                   + anchor_coef * NLL(anchor demonstrations)
 
         (with a `kl_weights` (N, R) key, per-token coefficients replace kl_coef: agg(w * KL_k3)),
         each term aggregated over response_mask across the global mini-batch (the PPO-clip term
@@ -380,6 +392,9 @@ class PolicyWorker(Worker):
                 norm = self._normalizer(mb.batch["response_mask"].float())
                 self.optimizer.zero_grad(set_to_none=False)
                 stats = self.accumulate_grads(mb, norm)
+                anchor_rows = data.meta_info.get("anchor_rows")
+                if spec.anchor_coef > 0 and anchor_rows:
+                    sums["actor/anchor_loss"] = sums.get("actor/anchor_loss", 0.0) + self.accumulate_anchor_grads(anchor_rows)
                 self._all_reduce_grads()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, spec.grad_clip)
                 if torch.isfinite(grad_norm):
@@ -464,6 +479,30 @@ class PolicyWorker(Worker):
             stats.add(pg_loss=pg.item(), kl_loss=kl.item(), entropy=ent_term.item(), tokens=t,
                       clipfrac_tokens=st["actor/pg_clipfrac"] * t, ppo_kl_tokens=st["actor/ppo_kl"] * t, **mm)
         return stats
+
+    def accumulate_anchor_grads(self, rows: list[int]) -> float:
+        """Backpropagate anchor_coef * the token-mean NLL of the anchor demonstrations `rows` (their
+        policy tokens only, at temperature 1: the warm-start's loss); grads accumulate.
+
+        Each rank takes rows rank::world_size, weighted by its share of the global supervised tokens,
+        so the all-reduced gradient is the whole batch's. Returns the (global) NLL, unweighted.
+        """
+        from search_r1.trainer.warmstart import collate, masked_sft_loss
+
+        if not self.anchor:
+            raise ValueError("anchor rows were sent to a worker without anchor demonstrations (set_anchor)")
+        demos = [self.anchor[i] for i in rows]
+        total = sum(sum(d.loss_mask[1:]) for d in demos)
+        mine = demos[self.rank::self.world_size]
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        nll = torch.zeros((), dtype=torch.float64)
+        for part in (mine[i:i + self.spec.micro_batch_size] for i in range(0, len(mine), self.spec.micro_batch_size)):
+            weight = sum(sum(d.loss_mask[1:]) for d in part) / max(total, 1)
+            with self._autocast():
+                loss = masked_sft_loss(self.model, *collate(part, pad)) * weight
+            (self.spec.anchor_coef * loss).backward()
+            nll += float(loss.detach())
+        return float(self._all_reduce(nll))
 
     def _sync_rollout_weights(self) -> None:
         if self.rollout_model is not self.model:

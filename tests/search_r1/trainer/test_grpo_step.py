@@ -15,7 +15,7 @@ from search_r1.trainer.workers import PolicyWorker
 from tests.search_r1.rollout.scripted import ScriptedGenerator
 
 MODEL = "tiny-random-qwen3"
-ONE_TO_ALL = {"init_model", "save_checkpoint", "load_checkpoint", "reference_identity", "update_actor"}
+ONE_TO_ALL = {"init_model", "save_checkpoint", "load_checkpoint", "reference_identity", "update_actor", "set_anchor"}
 
 
 class InProcessGroup:
@@ -57,14 +57,14 @@ def make_trainer(local_worker_factory, synth_world, retriever_server, tmp_path):
     tokenizer = load_tokenizer(MODEL)
     workers = {}
 
-    def make(cfg: TrainConfig, rollout=None) -> RayGRPOTrainer:
+    def make(cfg: TrainConfig, rollout=None, anchor=None) -> RayGRPOTrainer:
         spec = worker_spec(cfg)
         if spec not in workers:  # same spec, same freshly loaded weights: reuse the worker
             workers[spec] = local_worker_factory(spec)
         ds = PromptDataset([str(synth_world / "train.parquet")], tokenizer, cfg.data.max_prompt_length)
         loader = PromptDataLoader(ds, cfg.trainer.batch_size, seed=cfg.trainer.seed, shuffle=True, drop_last=True)
         return RayGRPOTrainer(cfg, tokenizer, InProcessGroup(workers[spec]), RetrieverClient(retriever_server.url),
-                              loader, ds, checkpoint_root=tmp_path / "checkpoints", rollout=rollout)
+                              loader, ds, checkpoint_root=tmp_path / "checkpoints", rollout=rollout, anchor=anchor)
 
     return make
 
@@ -358,3 +358,34 @@ def test_val_sampler_hf_validates_with_the_workers_while_a_server_rolls_out(make
     else:  # the workers' HF sampler served every row of the first round; the server was not asked
         assert server.calls == 0 and worker_calls[0] == 4
         assert not any("rollout server" in r for r in responses), responses
+
+
+def test_anchor_demonstrations_join_every_update_drawn_by_seed_and_step(make_trainer, synth_world, tmp_path,
+                                                                        retriever_server):
+    """algorithm.anchor_coef: the pool is built from the warm-start's training files in its format,
+    single-hop only by default; each step's update names anchor_batch_size rows, a function of
+    (trainer.seed, step) alone (a resumed run draws the same), and reports their NLL."""
+    from types import SimpleNamespace
+
+    from search_r1.search import RetrieverClient
+    from search_r1.trainer.main import anchor_demos
+
+    cfg = config(synth_world, tmp_path, rollout={"max_turns": 1, "max_tokens_per_turn": 64, "max_obs_length": 64},
+                 algorithm={"anchor_coef": 1.0, "anchor_examples": 6, "anchor_batch_size": 3})
+    from search_r1.models import load_tokenizer
+
+    pool = anchor_demos(cfg, SimpleNamespace(train_files=[synth_world / "train.parquet"]),
+                        RetrieverClient(retriever_server.url), load_tokenizer(MODEL))
+    assert 3 <= len(pool) <= 6 and all(d.hops == 1 and "<search>" in d.response_text for d in pool)
+    again = make_trainer(cfg, anchor=pool)
+    assert again.anchor_size == len(pool)
+    assert again.anchor_rows(1) == again.anchor_rows(1) and len(set(again.anchor_rows(1))) == 3
+    assert any(again.anchor_rows(1) != again.anchor_rows(s) for s in range(2, 6))
+    seen = []
+    update = again.wg.worker.update_actor
+    again.wg.worker.update_actor = lambda data: seen.append(data.meta_info) or update(data)
+    m, _, _ = scripted_step(again)
+    assert seen[0]["anchor_rows"] == again.anchor_rows(1)
+    assert m["actor/anchor_loss"] > 0
+    with pytest.raises(ValueError, match="anchor demonstrations"):
+        make_trainer(cfg, anchor=[])
