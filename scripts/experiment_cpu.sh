@@ -34,7 +34,8 @@
 # Resources: 2 CPU cores, < 8 GB RAM, no GPU, no network. Budget: at most 120 minutes with the world,
 # index and warm-starts cached (README "Does it learn?" has the measured time and what each knob saves).
 # Environment knobs (default in parentheses):
-#   EXP_RECIPE (the overrides above)        EXP_OUT (outputs/experiment_cpu)     EXP_SEEDS ("0 1 2")
+#   EXP_RECIPE (the overrides above)        EXP_OUT (outputs/experiment_cpu)
+#   EXP_SEEDS ("0 1 2"; set but empty with EXP_TEST=0: train the warm-starts only)
 #   EXP_DTYPES ("auto")                     EXP_STEPS (the recipe's trainer.total_steps)
 #   EXP_DEMO_STEPS (5: dev validation every N steps)   EXP_DEV_PER_SOURCE (100 dev questions per source)
 #   EXP_DEV_VAL (64: dev questions per validation, the first N of the source-interleaved split; 0 = all)
@@ -86,7 +87,11 @@ fi
 echo "[experiment] rollout.backend=$BACKEND (EXP_BACKEND=hf|vllm to choose)"
 set -- rollout.backend="$BACKEND" "${RECIPE[@]}" "$@"
 OUT="${EXP_OUT:-outputs/experiment_cpu}"
-SEEDS="${EXP_SEEDS:-0 1 2}"
+SEEDS="${EXP_SEEDS-0 1 2}"  # set but empty: the warm-starts only (with EXP_TEST=0), e.g. to fill the cache
+if [[ -z "${SEEDS// /}" && "${EXP_TEST:-1}" == 1 ]]; then
+  echo "[experiment] EXP_SEEDS is empty: no GRPO run to compare on the test split. Fix: name seeds, or set" \
+       "EXP_TEST=0 to train the warm-starts only" >&2; exit 2
+fi
 DTYPES="${EXP_DTYPES:-auto}"
 DEMO_STEPS="${EXP_DEMO_STEPS:-5}"
 DEV_PER_SOURCE="${EXP_DEV_PER_SOURCE:-100}"
@@ -251,6 +256,7 @@ for dtype in $DTYPES; do
     first=0
   done
 done
+if [[ ${#RUN_DIRS[@]} == 0 ]]; then phase "done (EXP_SEEDS empty: the warm-starts only)"; exit 0; fi
 "$PYTHON" - "$DEMO_STEPS" "${RUN_DIRS[@]}" <<'PY' | tee "$OUT/dev.md"
 import json, sys
 from pathlib import Path

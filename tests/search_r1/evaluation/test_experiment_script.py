@@ -53,6 +53,17 @@ def test_python_heredocs_finds_the_experiments_blocks():
     assert len(python_heredocs(REPO / "scripts" / "experiment_cpu.sh")) >= 4
 
 
+def test_empty_seeds_with_a_test_phase_fail_before_any_work(tmp_path):
+    """EXP_SEEDS set but empty used to fall back to the three default seeds; it now means "warm-starts
+    only", which has nothing to compare on the test split, so with EXP_TEST=1 it stops at once."""
+    env = {**os.environ, "PYTHON": sys.executable, "EXP_OUT": str(tmp_path / "out"), "EXP_SEEDS": "",
+           "EXP_BACKEND": "hf", "SEARCH_R1_HOME": str(tmp_path / "home")}
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "experiment_cpu.sh")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "EXP_SEEDS is empty" in proc.stderr and "EXP_TEST=0" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world, tmp_path):
     world = tmp_path / "world"  # the script builds the BM25 index inside the data directory
