@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Measure whether a model's first thought plans one search on single-hop questions and "
                     "two on two-hop ones (log odds at the deciding token; AUC between the kinds).")
     parser.add_argument("--model", required=True, help="HF model directory or a registered name (e.g. a "
-                        "warm-start under $SEARCH_R1_HOME/warmstart, or a checkpoint's actor/hf)")
+                        "warm-start under $SEARCH_R1_HOME/warmstart, or a checkpoint's model directory, "
+                        "RUN_DIR/checkpoints/global_step_N/model)")
     parser.add_argument("--data", required=True, help="parquet with extra_info.hops and extra_info.subject "
                         "(the synthetic world's dev or test split)")
     parser.add_argument("--limit", type=int, default=0, help="probe only the first N usable rows (0 = all)")
