@@ -78,6 +78,9 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
     grpo_file = out / "data" / "train_grpo.parquet"
     assert set(pq.read_table(grpo_file).column("data_source").to_pylist()) == {"synth_hotpotqa"}
     assert f"data.train_files=['{grpo_file}']" in (out / "grpo_auto_seed0" / "exp_args.txt").read_text()
+    # ... with the supervised anchor on single-hop demonstrations (algorithm.anchor_coef)
+    assert "supervised anchor:" in log and "(0 two-hop)" in log
+    assert "algorithm.anchor_coef=1.0" in (out / "grpo_auto_seed0" / "exp_args.txt").read_text()
     for arm in ("no-search", "rag", "warm-start", "grpo-s0"):
         results = json.loads((out / "eval" / "test" / arm / "results.json").read_text())
         per_source = results["metrics"]["per_source"]
