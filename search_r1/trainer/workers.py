@@ -496,7 +496,8 @@ class PolicyWorker(Worker):
         mine = demos[self.rank::self.world_size]
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         nll = torch.zeros((), dtype=torch.float64)
-        for part in (mine[i:i + self.spec.micro_batch_size] for i in range(0, len(mine), self.spec.micro_batch_size)):
+        for rows_part in _split_rows(len(mine), self.spec.micro_batch_size):
+            part = mine[rows_part]
             weight = sum(sum(d.loss_mask[1:]) for d in part) / max(total, 1)
             with self._autocast():
                 loss = masked_sft_loss(self.model, *collate(part, pad)) * weight
