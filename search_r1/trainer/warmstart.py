@@ -350,6 +350,32 @@ def masked_sft_loss(model, ids, attn, mask):
     return F.cross_entropy(logits, ids[:, 1:][sel], reduction="mean")
 
 
+def supervised_tokens(demos: list[Demo]) -> int:
+    """Number of target positions the SFT loss averages over (the mask shifted by one)."""
+    return sum(sum(d.loss_mask[1:]) for d in demos)
+
+
+def token_mean_sft_backward(model, parts: list[list[Demo]], pad_id: int, total_tokens: int,
+                            scale: float = 1.0, autocast=contextlib.nullcontext) -> float:
+    """Backpropagate scale * L in micro-batches (grads accumulate), where
+
+        L = sum_parts (n_part / total_tokens) * masked_sft_loss(part),   n_part = supervised_tokens(part)
+
+    i.e. the token-mean NLL over every supervised token when total_tokens counts them all. Splitting a
+    batch into parts bounds activation memory; a data-parallel rank passes only its own parts and the
+    global count, so the all-reduced gradient is the whole batch's. `autocast` is a context factory.
+    Returns L (unscaled) as a float.
+    """
+    total = max(total_tokens, 1)
+    value = 0.0
+    for part in parts:
+        with autocast():
+            loss = masked_sft_loss(model, *collate(part, pad_id)) * (supervised_tokens(part) / total)
+        (scale * loss).backward()
+        value += float(loss.detach())
+    return value
+
+
 def lr_at(step: int, steps: int, lr: float, schedule: str) -> float:
     """Learning rate of optimizer step `step` (0-based) of `steps`: constant, or linear decay
     lr * (steps - step) / steps (the last step still moves: lr / steps)."""
@@ -369,8 +395,8 @@ def train(model, demos: list[Demo], pad_id: int, steps: int, batch_size: int, lr
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if compute_dtype == "bfloat16"
-                else contextlib.nullcontext())
+    autocast = ((lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if compute_dtype == "bfloat16"
+                else contextlib.nullcontext)
     losses = []
     it = _batches(demos, batch_size, steps, seed, batching)
     if progress:
@@ -380,19 +406,9 @@ def train(model, demos: list[Demo], pad_id: int, steps: int, batch_size: int, lr
     for step, batch in enumerate(it):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, lr_schedule)
-        # Micro-batches of MICRO_BATCH rows (activation memory), each weighted by its share of the
-        # batch's supervised tokens, so the gradient is the token mean over the whole batch.
-        total = sum(sum(d.loss_mask[1:]) for d in batch)
         opt.zero_grad(set_to_none=True)
-        step_loss = 0.0
-        for i in range(0, len(batch), MICRO_BATCH):
-            part = batch[i:i + MICRO_BATCH]
-            ids, attn, mask = collate(part, pad_id)
-            weight = sum(sum(d.loss_mask[1:]) for d in part) / total
-            with autocast:
-                loss = masked_sft_loss(model, ids, attn, mask) * weight
-            loss.backward()
-            step_loss += float(loss.detach())
+        parts = [batch[i:i + MICRO_BATCH] for i in range(0, len(batch), MICRO_BATCH)]
+        step_loss = token_mean_sft_backward(model, parts, pad_id, supervised_tokens(batch), autocast=autocast)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         losses.append(step_loss)

@@ -487,23 +487,17 @@ class PolicyWorker(Worker):
         Each rank takes rows rank::world_size, weighted by its share of the global supervised tokens,
         so the all-reduced gradient is the whole batch's. Returns the (global) NLL, unweighted.
         """
-        from search_r1.trainer.warmstart import collate, masked_sft_loss
+        from search_r1.trainer.warmstart import supervised_tokens, token_mean_sft_backward
 
         if not self.anchor:
             raise ValueError("anchor rows were sent to a worker without anchor demonstrations (set_anchor)")
         demos = [self.anchor[i] for i in rows]
-        total = sum(sum(d.loss_mask[1:]) for d in demos)
         mine = demos[self.rank::self.world_size]
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        nll = torch.zeros((), dtype=torch.float64)
-        for rows_part in _split_rows(len(mine), self.spec.micro_batch_size):
-            part = mine[rows_part]
-            weight = sum(sum(d.loss_mask[1:]) for d in part) / max(total, 1)
-            with self._autocast():
-                loss = masked_sft_loss(self.model, *collate(part, pad)) * weight
-            (self.spec.anchor_coef * loss).backward()
-            nll += float(loss.detach())
-        return float(self._all_reduce(nll))
+        nll = token_mean_sft_backward(self.model, [mine[s] for s in _split_rows(len(mine), self.spec.micro_batch_size)],
+                                      pad, supervised_tokens(demos), scale=self.spec.anchor_coef,
+                                      autocast=self._autocast)
+        return float(self._all_reduce(torch.tensor(nll, dtype=torch.float64)))
 
     def _sync_rollout_weights(self) -> None:
         if self.rollout_model is not self.model:

@@ -12,7 +12,7 @@ from search_r1.protocol import ObservationEncoder, decode_ids
 from search_r1.rewards import check_format_correctness, compute_reward
 from search_r1.search import RetrieverClient
 from search_r1.trainer.warmstart import (Demo, _batches, build_demos, collate, ensure_warmstart, lr_at,
-                                          masked_sft_loss, train)
+                                          masked_sft_loss, supervised_tokens, token_mean_sft_backward, train)
 
 MODEL = "tiny-random-qwen3"
 OBS, TURN = 64, 64
@@ -153,6 +153,31 @@ def test_masked_loss_matches_a_hand_computed_reference(demos, tokenizer):
                 count += 1
     assert count == sum(sum(d.loss_mask) for d in demos[:2])
     assert float(got) == pytest.approx(total / count, rel=1e-4)
+
+
+def test_micro_batched_backward_is_the_whole_batch_token_mean(demos, tokenizer):
+    """Uneven parts weighted by their token share give the gradient of one token mean over the batch
+    (not the mean of per-part means), scaled; the returned value is that token mean, unscaled."""
+    model, _ = load_model_and_tokenizer(MODEL)
+    batch = demos[:5]
+    assert len({supervised_tokens([d]) for d in batch}) > 1  # unequal parts, or the weighting is untested
+
+    model.zero_grad()
+    whole = masked_sft_loss(model, *collate(batch, tokenizer.pad_token_id))
+    (0.5 * whole).backward()
+    ref = [p.grad.clone() for p in model.parameters()]
+
+    model.zero_grad()
+    got = token_mean_sft_backward(model, [batch[:1], batch[1:4], batch[4:]], tokenizer.pad_token_id,
+                                  supervised_tokens(batch), scale=0.5)
+    assert got == pytest.approx(float(whole), rel=1e-5)
+    for p, r in zip(model.parameters(), ref):
+        torch.testing.assert_close(p.grad, r, rtol=1e-4, atol=1e-7)
+
+    model.zero_grad()  # the mean of per-part means, the bug the weighting avoids, is measurably different
+    for part in ([batch[:1], batch[1:4], batch[4:]]):
+        (0.5 * masked_sft_loss(model, *collate(part, tokenizer.pad_token_id)) / 3).backward()
+    assert not all(torch.allclose(p.grad, r, rtol=1e-3, atol=1e-6) for p, r in zip(model.parameters(), ref))
 
 
 def test_sft_lowers_the_loss_and_the_result_is_cached(demos, client, synth_world, tmp_path, capsys):
