@@ -66,7 +66,7 @@ def build_index(corpus: Path, kind: str, out: Path, force: bool = False, **kw) -
     from .bm25_index import build_bm25
     from .corpus_store import build_store
     from .dense_index import build_dense
-    from .manifest import STORE_SUBDIR, Manifest, file_sha256, now_iso
+    from .manifest import STORE_SUBDIR, Manifest, file_sha256, now_iso, publish_index
 
     corpus, out = Path(corpus), Path(out)
     if kind not in ("bm25", "dense"):
@@ -95,10 +95,7 @@ def build_index(corpus: Path, kind: str, out: Path, force: bool = False, **kw) -
         Manifest(kind=kind, corpus_path=str(corpus.resolve()), corpus_size=n_docs,
                  corpus_sha256=file_sha256(corpus), params=params,
                  build_seconds=round(time.time() - t0, 2), built_at=now_iso()).write(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, out)
+        publish_index(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"[retriever] built {kind} index over {n_docs} passages in {time.time() - t0:.1f}s -> {out}",

@@ -42,7 +42,7 @@ def import_index(faiss_path: Path, corpus: Path, out: Path, model: str | None, c
     """Write the manifest and the referenced document store for an existing index (module doc)."""
     from .corpus_store import write_jsonl_refs
     from .dense_index import model_params, resolve_model
-    from .manifest import STORE_SUBDIR, Manifest, now_iso
+    from .manifest import STORE_SUBDIR, Manifest, now_iso, publish_index
     from .shards import describe_faiss, read_faiss
 
     faiss_path, corpus, out = Path(faiss_path).resolve(), Path(corpus).resolve(), Path(out)
@@ -91,10 +91,7 @@ def import_index(faiss_path: Path, corpus: Path, out: Path, model: str | None, c
                   "slices": [{"path": str(faiss_path), "start": 0, "end": n_rows}]}
         Manifest(kind="dense", corpus_path=str(corpus), corpus_size=n_rows, corpus_sha256=sha,
                  params=params, build_seconds=round(time.time() - t0, 2), built_at=now_iso()).write(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, out)
+        publish_index(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"[retriever] imported {describe_faiss(index)} index ({n_rows} x {dim}, {conv.name} convention) "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +36,26 @@ class Manifest:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
         os.replace(tmp, path)  # the manifest appears last and atomically: its presence = index complete
+
+
+def publish_index(tmp: Path, out: Path) -> None:
+    """Move the finished index directory `tmp` to `out`, replacing an index there.
+
+    The old index is renamed aside, not deleted, until the new one is in place (and put back if the
+    move fails), so a crash or a failed rename never leaves the user with no index at all.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        if old.exists() and not out.exists():
+            os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def read_manifest(index_dir: str | Path) -> Manifest:
