@@ -172,7 +172,8 @@ class HFGenerator:
     leave the batch (their KV cache rows are dropped) instead of sampling to the budget.
 
     - Prompts are left-padded into batches of `batch_size` (None = all at once), longest first to
-      limit padding; outputs come back in input order.
+      limit padding; outputs come back in input order. Identical prompts in one batch (a GRPO
+      group) are prefilled once and their KV cache rows repeated.
     - Sampling: temperature 0 is greedy (argmax); otherwise temperature, top-k, top-p as in vLLM.
       Each row draws from its own RNG seeded by (params.seed, row index), so a row's sample does
       not depend on batch size, batch order or the other rows; identical prompts in one call (a GRPO
@@ -189,7 +190,7 @@ class HFGenerator:
 
     Args: `eos_token_ids` overrides the EOS set ([] = never stop on EOS, for benchmarks);
     `sort_by_length=False` keeps input order inside batches. `stats` accumulates calls, prompts,
-    generated tokens, forward passes and seconds. The model's train/eval mode is restored after
+    prefilled prompts (distinct ones per batch), generated tokens, forward passes and seconds. The model's train/eval mode is restored after
     each call, so a trainer can share the module.
     """
 
@@ -209,7 +210,8 @@ class HFGenerator:
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = pad if pad is not None else min(self.eos_token_ids, default=0)
         self.token_ids_exact = True  # ids are the sampled ones, never re-tokenized
-        self.stats = {"calls": 0, "prompts": 0, "generated_tokens": 0, "forward_passes": 0, "seconds": 0.0}
+        self.stats = {"calls": 0, "prompts": 0, "prefilled_prompts": 0, "generated_tokens": 0, "forward_passes": 0,
+                      "seconds": 0.0}
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenOutput]:
@@ -263,8 +265,21 @@ class HFGenerator:
         input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
 
         cache = DynamicCache(config=self.model.config)
-        logits = self._forward(cache, input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=position_ids)
+        # A GRPO group asks for several samples of one prompt: prefill each distinct prompt once and
+        # repeat its cache rows (the prefill is most of a short rollout's compute on a CPU).
+        distinct: dict[tuple[int, ...], int] = {}  # prompt -> its first row
+        firsts = [distinct.setdefault(tuple(p), r) for r, p in enumerate(prompts)]
+        if len(distinct) < n:
+            first = torch.as_tensor(sorted(distinct.values()), device=device)
+            inverse = torch.searchsorted(first, torch.as_tensor(firsts, device=device))  # row -> index in first
+            logits = self._forward(cache, input_ids=input_ids[first], attention_mask=attention_mask[first],
+                                   position_ids=position_ids[first])[inverse]
+            cache.batch_select_indices(inverse)
+            self.stats["prefilled_prompts"] += len(first)
+        else:
+            self.stats["prefilled_prompts"] += n
+            logits = self._forward(cache, input_ids=input_ids, attention_mask=attention_mask,
+                                   position_ids=position_ids)
         next_pos = position_ids[:, -1] + 1                               # (n_active,)
 
         tokens_out: list[list[int]] = [[] for _ in range(n)]

@@ -105,6 +105,25 @@ def test_seeded_sampling_is_reproducible_and_row_independent(tiny):
     assert len({tuple(o.token_ids) for o in group}) == 4
 
 
+def test_a_group_prompt_is_prefilled_once_with_the_same_samples(tiny):
+    """Repeated prompts (GRPO groups) share one prefill; every row still samples what it would alone."""
+    model, tok, prompts = tiny
+    batch = [prompts[0], prompts[0], prompts[1], prompts[0], prompts[1]]
+    params = SamplingParams(max_tokens=10, temperature=1.0, seed=3)
+    gen = HFGenerator(model, tok)
+    shared = gen.generate(batch, params)
+    assert gen.stats["prefilled_prompts"] == 2
+    alone = HFGenerator(model, tok, batch_size=1)  # one row per batch: nothing to share
+    single = alone.generate(batch, params)
+    assert alone.stats["prefilled_prompts"] == 5
+    assert [o.token_ids for o in shared] == [o.token_ids for o in single]
+    for a, b in zip(shared, single):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    for out, prompt in zip(shared, batch):  # and they are the model's log-probs of those tokens
+        assert out.logprobs == pytest.approx(teacher_forced(model, prompt, out.token_ids), abs=1e-4)
+    assert len({tuple(o.token_ids) for o in shared[:2] + shared[3:4]}) == 3
+
+
 def test_top_k_1_equals_greedy(tiny):
     model, tok, prompts = tiny
     gen = HFGenerator(model, tok)

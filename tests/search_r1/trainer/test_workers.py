@@ -57,6 +57,69 @@ def test_log_probs_match_unpadded_forward(local_worker_factory):
     torch.testing.assert_close(w.compute_ref_log_prob(batch).batch["ref_log_prob"], logp)
 
 
+def grouped_batch(seed=0) -> DataProto:
+    """Six rows as a GRPO batch arrives: rows 0-2 share a left-padded prompt (its padding ids differ
+    row to row), rows 3-4 share another, row 5 has its own; responses differ, some padded, with an
+    observation token."""
+    g = torch.Generator().manual_seed(seed)
+    p, r = 7, 6
+    prompts = [torch.randint(3, 1000, (p,), generator=g) for _ in range(3)]
+    ids = torch.stack([prompts[k] for k in (0, 0, 0, 1, 1, 2)])
+    ids = torch.cat([ids, torch.randint(3, 1000, (6, r), generator=g)], dim=1)
+    attn = torch.ones(6, p + r, dtype=torch.long)
+    attn[:3, :2] = 0
+    ids[1, :2] = torch.tensor([0, 5])  # padding ids are not part of the prompt
+    attn[1, -2:] = 0
+    attn[5, -3:] = 0
+    pos = torch.clip(attn.cumsum(-1) - 1, min=0)
+    response_mask = attn[:, p:].clone()
+    response_mask[:, 2] = 0
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": attn, "position_ids": pos,
+                                "responses": ids[:, p:], "response_mask": response_mask})
+
+
+def test_shared_prompts_groups_rows_by_their_live_prompt_tokens():
+    from search_r1.trainer.workers import _shared_prompts
+
+    b = grouped_batch()
+    p = b.batch["input_ids"].shape[1] - b.batch["responses"].shape[1]
+    first, inverse = _shared_prompts(*(b.batch[k][:, :p] for k in ("input_ids", "attention_mask", "position_ids")))
+    assert first[inverse].tolist() == [0, 0, 0, 3, 3, 5]
+    # a prompt that differs in one live token is its own group
+    b.batch["input_ids"][2, 4] += 1
+    first, inverse = _shared_prompts(*(b.batch[k][:, :p] for k in ("input_ids", "attention_mask", "position_ids")))
+    assert first[inverse].tolist() == [0, 0, 2, 3, 3, 5]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_shared_prompt_forward_equals_one_forward_per_row(local_worker_factory, dtype):
+    """Log-probs, entropy and gradients with each group's prompt run once (micro-batch of 6) equal
+    those of rows run one at a time (micro-batch of 1: nothing shared)."""
+    w = local_worker_factory(WorkerSpec(model_name=MODEL, micro_batch_size=6, compute_dtype=dtype))
+    batch = grouped_batch()
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == "float32" else {"atol": 0.05, "rtol": 0.05}
+
+    def run(micro):
+        w.spec = dataclasses.replace(w.spec, micro_batch_size=micro)
+        logp = w.compute_log_prob(batch).batch["old_log_probs"]
+        with torch.enable_grad():
+            _, ent = w._forward_logprobs(w.model, batch, slice(0, 6), with_entropy=True) if micro == 6 else (
+                None, torch.cat([w._forward_logprobs(w.model, batch, slice(i, i + 1), with_entropy=True)[1]
+                                 for i in range(6)]))
+        b = with_targets(w, DataProto.from_dict({k: v.clone() for k, v in batch.batch.items()}),
+                         [1.0, -1.0, 0.5, 2.0, -2.0, 0.25])
+        w.optimizer.zero_grad(set_to_none=False)
+        w.accumulate_grads(b, norm=float(b.batch["response_mask"].sum()))
+        return logp, ent.detach(), torch.cat([q.grad.reshape(-1).clone() for q in w.params])
+
+    shared, single = run(6), run(1)
+    assert shared[0].abs().sum() > 0 and shared[2].abs().sum() > 0
+    for a, b in zip(shared, single):
+        torch.testing.assert_close(a, b, **tol)
+    # the padded response columns stay zero
+    assert (shared[0][1, -2:] == 0).all() and (shared[0][5, -3:] == 0).all()
+
+
 def test_reported_entropy_row_by_row_equals_the_entropy_in_the_loss(local_worker_factory):
     """The report-only entropy (entropy_coef 0) is computed row by row under no_grad to bound its
     softmax temporaries; it must equal the batched entropy that joins the loss, and softmax's."""

@@ -1,0 +1,134 @@
+"""The worker's log-prob and update passes with each GRPO group's prompt run once, against one full
+forward per row (a benchmark, not a test).
+
+    python bench/shared_prompt_forward.py                          # the demo's shape, fp32
+    python bench/shared_prompt_forward.py --dtype bfloat16 --micro-batch-sizes 2 4 8
+    python bench/shared_prompt_forward.py --groups 8 --prompt-len 210 --response-len 420   # the experiment's
+
+A PolicyWorker (SmolLM2-135M-Instruct, in this process, `--threads` torch threads) scores a batch
+shaped like a GRPO step: `--groups` prompts x `--n` samples, rows of one group sharing a left-padded
+prompt of about `--prompt-len` tokens, responses of about `--response-len` tokens (right-padded,
+lengths spread +-15%). Token ids are random: the cost of a forward does not depend on them.
+
+For each micro-batch size it times, shared (the default path) and unshared (every row its own
+prompt, as before), the median of `--repeats` runs of:
+    ref     compute_ref_log_prob over the batch (no grad)
+    update  accumulate_grads over the batch (forward + backward; no optimizer step)
+and prints seconds, the ratio unshared / shared, and the largest log-prob difference between the
+two paths (float rounding only). Run it on an idle machine and write the CPU kind beside the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct", help="model alias or HF directory")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    p.add_argument("--groups", type=int, default=2, help="distinct prompts in the batch (default 2, the demo's)")
+    p.add_argument("--n", type=int, default=4, help="samples per prompt (default 4)")
+    p.add_argument("--prompt-len", type=int, default=200, help="prompt tokens (default 200, a Search-R1 prompt)")
+    p.add_argument("--response-len", type=int, default=230,
+                   help="mean response tokens incl. observations (default 230, the demo's)")
+    p.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[2, 4],
+                   help="rows per forward/backward (default 2 4)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per setting, median reported (default 3)")
+    return p.parse_args(argv)
+
+
+def make_batch(groups: int, n: int, prompt_len: int, response_len: int, seed: int = 0):
+    import torch
+    from verl import DataProto
+
+    g = torch.Generator().manual_seed(seed)
+    p_lens = [prompt_len + int(d) for d in torch.randint(-8, 9, (groups,), generator=g)]
+    r_lens = [max(8, int(response_len * (0.85 + 0.3 * float(u)))) for u in torch.rand(groups * n, generator=g)]
+    P, R = max(p_lens), max(r_lens)
+    ids = torch.zeros(groups * n, P + R, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for k in range(groups):
+        prompt = torch.randint(3, 40000, (p_lens[k],), generator=g)
+        for j in range(n):
+            row = k * n + j  # interleaved as repeat_interleave lays out a GRPO batch
+            ids[row, P - p_lens[k]:P] = prompt
+            ids[row, P:P + r_lens[row]] = torch.randint(3, 40000, (r_lens[row],), generator=g)
+            attn[row, P - p_lens[k]:P + r_lens[row]] = 1
+    pos = torch.clip(attn.cumsum(-1) - 1, min=0)
+    batch = DataProto.from_dict({"input_ids": ids, "attention_mask": attn, "position_ids": pos,
+                                 "responses": ids[:, P:], "response_mask": attn[:, P:].clone()})
+    return batch
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.update(WORLD_SIZE="1", RANK="0", MASTER_ADDR="127.0.0.1", WG_BACKEND="ray")
+    from retriever_server.launcher import free_port
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    import dataclasses
+
+    import torch
+
+    from search_r1.trainer import workers
+    from search_r1.trainer.workers import PolicyWorker, WorkerSpec
+
+    spec = WorkerSpec(model_name=args.model, compute_dtype=args.dtype, threads=args.threads)
+    w = PolicyWorker(spec)
+    w.init_model()
+    batch = make_batch(args.groups, args.n, args.prompt_len, args.response_len)
+    batch.batch["old_log_probs"] = w.compute_log_prob(batch).batch["old_log_probs"]
+    batch.batch["ref_log_prob"] = batch.batch["old_log_probs"].clone()
+    batch.batch["rollout_log_probs"] = batch.batch["old_log_probs"].clone()
+    adv = torch.tensor([(-1.0) ** i for i in range(len(batch))])
+    batch.batch["advantages"] = adv[:, None] * batch.batch["response_mask"]
+    norm = float(batch.batch["response_mask"].sum())
+    real_shared = workers._shared_prompts
+
+    def unshared(ids, attn, pos):
+        return torch.arange(len(ids)), torch.arange(len(ids))  # every row its own prompt
+
+    def timed(fn) -> float:
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    def update():
+        w.optimizer.zero_grad(set_to_none=False)
+        w.accumulate_grads(batch, norm)
+
+    print(f"[shared_prompt_forward] {args.model} {args.dtype}, {args.threads} threads, torch CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}; batch {args.groups} prompts x {args.n}, prompt ~{args.prompt_len} "
+          f"tokens, response ~{args.response_len}; median of {args.repeats}")
+    print(f"{'micro':>5} {'path':>9} {'ref s':>7} {'update s':>9}")
+    for micro in args.micro_batch_sizes:
+        w.spec = dataclasses.replace(spec, micro_batch_size=micro)
+        results = {}
+        for name, fn in (("shared", real_shared), ("unshared", unshared)):
+            workers._shared_prompts = fn
+            try:
+                logp = w.compute_ref_log_prob(batch).batch["ref_log_prob"]
+                results[name] = (timed(lambda: w.compute_ref_log_prob(batch)), timed(update), logp)
+            finally:
+                workers._shared_prompts = real_shared
+            print(f"{micro:>5} {name:>9} {results[name][0]:>7.2f} {results[name][1]:>9.2f}", flush=True)
+        (rs, us, ls), (ru, uu, lu) = results["shared"], results["unshared"]
+        print(f"{micro:>5} {'ratio':>9} {ru / rs:>7.2f} {uu / us:>9.2f}   unshared/shared; "
+              f"max |logp diff| {float((ls - lu).abs().max()):.1e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
