@@ -37,7 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--groups", type=int, default=2, help="distinct prompts in the batch (default 2, the demo's)")
     p.add_argument("--n", type=int, default=4, help="samples per prompt (default 4)")
-    p.add_argument("--prompt-len", type=int, default=200, help="prompt tokens (default 200, a Search-R1 prompt)")
+    p.add_argument("--prompt-len", type=int, default=200, help="prompt tokens (default 200; the demo's Search-R1 prompts are 140-146)")
     p.add_argument("--response-len", type=int, default=230,
                    help="mean response tokens incl. observations (default 230, the demo's)")
     p.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[2, 4],

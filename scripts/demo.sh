@@ -11,7 +11,7 @@
 #   3. print where the metrics, plot and checkpoint are, the reward curve and the greedy validation
 #      (EM, F1, format, searches) on the 100 dev questions before and after training, and the
 #      questions whose answer changed.
-# Resources: 2 CPU cores, < 8 GB RAM, about 15-20 minutes on a CPU with AVX512 and 39 on an AVX2-only
+# Resources: 2 CPU cores, < 8 GB RAM, about 15-20 minutes on a CPU with AVX512 and 36 on an AVX2-only
 # AMD EPYC (README "Training (CPU, embedded trainer)" has the measured times and CPU kinds). Extra
 # arguments are Hydra overrides (e.g. `bash scripts/demo.sh trainer.total_steps=5`).
 # The run directory is outputs/demo, replaced by every demo run (scripts/train_grpo.sh resumes runs).
