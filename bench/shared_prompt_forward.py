@@ -37,7 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--groups", type=int, default=2, help="distinct prompts in the batch (default 2, the demo's)")
     p.add_argument("--n", type=int, default=4, help="samples per prompt (default 4)")
-    p.add_argument("--prompt-len", type=int, default=200, help="prompt tokens (default 200; the demo's Search-R1 prompts are 140-146)")
+    p.add_argument("--prompt-len", type=int, default=200,
+                   help="prompt tokens (default 200; the demo's Search-R1 prompts are 140-146)")
     p.add_argument("--response-len", type=int, default=230,
                    help="mean response tokens incl. observations (default 230, the demo's)")
     p.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[2, 4],
@@ -110,8 +111,8 @@ def main(argv=None) -> int:
         w.accumulate_grads(batch, norm)
 
     print(f"[shared_prompt_forward] {args.model} {args.dtype}, {args.threads} threads, torch CPU capability "
-          f"{torch.backends.cpu.get_cpu_capability()}; batch {args.groups} prompts x {args.n}, prompt ~{args.prompt_len} "
-          f"tokens, response ~{args.response_len}; median of {args.repeats}")
+          f"{torch.backends.cpu.get_cpu_capability()}; batch {args.groups} prompts x {args.n}, "
+          f"prompt ~{args.prompt_len} tokens, response ~{args.response_len}; median of {args.repeats}")
     print(f"{'micro':>5} {'path':>9} {'ref s':>7} {'update s':>9}")
     for micro in args.micro_batch_sizes:
         w.spec = dataclasses.replace(spec, micro_batch_size=micro)

@@ -190,8 +190,8 @@ class HFGenerator:
 
     Args: `eos_token_ids` overrides the EOS set ([] = never stop on EOS, for benchmarks);
     `sort_by_length=False` keeps input order inside batches. `stats` accumulates calls, prompts,
-    prefilled prompts (distinct ones per batch), generated tokens, forward passes and seconds. The model's train/eval mode is restored after
-    each call, so a trainer can share the module.
+    prefilled prompts (distinct ones per batch), generated tokens, forward passes and seconds. The
+    model's train/eval mode is restored after each call, so a trainer can share the module.
     """
 
     def __init__(self, model, tokenizer, batch_size: int | None = None,

@@ -194,8 +194,9 @@ def _forward_shared_prompt(model, ids, attn, pos, p: int, first, inverse) -> tor
     prompts go through the model once, with a KV cache whose rows are then repeated to every row
     that shares them; the responses run on top of it. Same function as one forward over the full
     rows (only float rounding differs, measured in tests), with the prompt's share of the compute
-    paid once per group instead of once per sample (a demo prompt is ~145 tokens of a ~380-token row). Gradients
-    flow through the repeated cache into the prompt's forward, summed over the group's rows.
+    paid once per group instead of once per sample (a demo prompt is ~145 tokens of a ~380-token
+    row). Gradients flow through the repeated cache into the prompt's forward, summed over the
+    group's rows.
     Returns logits (m, r, V) at positions p-1 .. p+r-2 (each scores the next response token).
     """
     pre = model(input_ids=ids[first, :p], attention_mask=attn[first, :p], position_ids=pos[first, :p],
