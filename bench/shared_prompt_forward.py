@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     adv = torch.tensor([(-1.0) ** i for i in range(len(batch))])
     batch.batch["advantages"] = adv[:, None] * batch.batch["response_mask"]
     norm = float(batch.batch["response_mask"].sum())
-    real_shared = workers._shared_prompts
+    real_shared = workers.shared_prompt_rows
 
     def unshared(ids, attn, pos):
         return torch.arange(len(ids)), torch.arange(len(ids))  # every row its own prompt
@@ -118,12 +118,12 @@ def main(argv=None) -> int:
         w.spec = dataclasses.replace(spec, micro_batch_size=micro)
         results = {}
         for name, fn in (("shared", real_shared), ("unshared", unshared)):
-            workers._shared_prompts = fn
+            workers.shared_prompt_rows = fn
             try:
                 logp = w.compute_ref_log_prob(batch).batch["ref_log_prob"]
                 results[name] = (timed(lambda: w.compute_ref_log_prob(batch)), timed(update), logp)
             finally:
-                workers._shared_prompts = real_shared
+                workers.shared_prompt_rows = real_shared
             print(f"{micro:>5} {name:>9} {results[name][0]:>7.2f} {results[name][1]:>9.2f}", flush=True)
         (rs, us, ls), (ru, uu, lu) = results["shared"], results["unshared"]
         print(f"{micro:>5} {'ratio':>9} {ru / rs:>7.2f} {uu / us:>9.2f}   unshared/shared; "

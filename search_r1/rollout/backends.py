@@ -19,6 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from search_r1.rollout.tensor_helper import position_ids_from_mask, shared_prompt_rows
 from search_r1.search.retry import backoff_delay
 from search_r1.transport import check_key_transport
 
@@ -261,17 +262,14 @@ class HFGenerator:
         for r, p in enumerate(prompts):                                  # left padding
             input_ids[r, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
             attention_mask[r, width - len(p):] = 1
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)      # (n, width)
+        position_ids = position_ids_from_mask(attention_mask)            # (n, width)
         input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
 
         cache = DynamicCache(config=self.model.config)
         # A GRPO group asks for several samples of one prompt: prefill each distinct prompt once and
         # repeat its cache rows (the prefill is most of a short rollout's compute on a CPU).
-        distinct: dict[tuple[int, ...], int] = {}  # prompt -> its first row
-        firsts = [distinct.setdefault(tuple(p), r) for r, p in enumerate(prompts)]
-        if len(distinct) < n:
-            first = torch.as_tensor(sorted(distinct.values()), device=device)
-            inverse = torch.searchsorted(first, torch.as_tensor(firsts, device=device))  # row -> index in first
+        first, inverse = shared_prompt_rows(input_ids, attention_mask, position_ids)
+        if len(first) < n:
             logits = self._forward(cache, input_ids=input_ids[first], attention_mask=attention_mask[first],
                                    position_ids=position_ids[first])[inverse]
             cache.batch_select_indices(inverse)

@@ -1,4 +1,5 @@
-"""Padding, unpadding and position-id helpers between ragged token lists and batch tensors.
+"""Padding, unpadding and position-id helpers between ragged token lists and batch tensors, and
+the grouping of rows that share a prompt.
 
 Layout conventions (verl's): prompts are left-padded, responses right-padded, so every row's prompt
 ends at the same column and its response starts at the next one. Positions count real tokens only.
@@ -61,3 +62,19 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     Left padding gets 0; right padding repeats the last real position (never read: masked out).
     """
     return torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0)
+
+
+def shared_prompt_rows(ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows with the same prompt (ids, mask and positions of the prompt columns, all (m, p)).
+
+    Returns (first, inverse): `first` (u,) one row index per distinct prompt, `inverse` (m,) the
+    position in `first` of each row's prompt, so rows == first[inverse] prompt-wise. A GRPO batch
+    repeats each prompt rollout.n times; the sampler's prefill and the trainer's log-prob passes
+    run each distinct prompt once and repeat its KV-cache rows with `inverse`.
+    """
+    live = attn.bool()
+    key = torch.cat([ids.masked_fill(~live, -1), pos.masked_fill(~live, -1)], dim=1)  # padding ids do not matter
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long, device=ids.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(len(inverse), device=ids.device), reduce="amin")
+    return first, inverse

@@ -45,6 +45,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 
 from search_r1.models import release_memory
 from search_r1.rollout.backends import GenOutput, SamplingParams
+from search_r1.rollout.tensor_helper import shared_prompt_rows
 
 # Seed offset between ranks so that data-parallel shards do not share sampling noise.
 RANK_SEED_STRIDE = 1_000_003
@@ -171,20 +172,6 @@ def rollout_copy(model, dtype: torch.dtype):
 
 def _split_rows(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-
-def _shared_prompts(ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows with the same prompt (ids, mask and positions of the prompt columns, all (m, p)).
-
-    Returns (first, inverse): `first` (u,) one row index per distinct prompt, `inverse` (m,) the
-    position in `first` of each row's prompt, so rows == first[inverse] prompt-wise.
-    """
-    live = attn.bool()
-    key = torch.cat([ids.masked_fill(~live, -1), pos.masked_fill(~live, -1)], dim=1)  # padding ids do not matter
-    _, inverse = torch.unique(key, dim=0, return_inverse=True)
-    first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long)
-    first = first.scatter_reduce(0, inverse, torch.arange(len(inverse)), reduce="amin")
-    return first, inverse
 
 
 def _forward_shared_prompt(model, ids, attn, pos, p: int, first, inverse) -> torch.Tensor:
@@ -334,7 +321,7 @@ class PolicyWorker(Worker):
         a = min(a, P - 1)  # keep at least the last prompt column (it scores response token 0)
         e = max(int(live[-1]) + 1 if len(live) else P + 1, P + 1)  # at least one response column
         r_eff = e - P
-        first, inverse = _shared_prompts(ids[:, a:P], attn[:, a:P], pos[:, a:P])
+        first, inverse = shared_prompt_rows(ids[:, a:P], attn[:, a:P], pos[:, a:P])
         with self._autocast():
             if len(first) < len(inverse):  # a GRPO group in this micro-batch: its prompt once
                 logits = _forward_shared_prompt(model, ids[:, a:e], attn[:, a:e], pos[:, a:e], P - a,

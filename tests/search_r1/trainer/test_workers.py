@@ -78,16 +78,16 @@ def grouped_batch(seed=0) -> DataProto:
                                 "responses": ids[:, p:], "response_mask": response_mask})
 
 
-def test_shared_prompts_groups_rows_by_their_live_prompt_tokens():
-    from search_r1.trainer.workers import _shared_prompts
+def test_shared_prompt_rows_groups_rows_by_their_live_prompt_tokens():
+    from search_r1.rollout.tensor_helper import shared_prompt_rows
 
     b = grouped_batch()
     p = b.batch["input_ids"].shape[1] - b.batch["responses"].shape[1]
-    first, inverse = _shared_prompts(*(b.batch[k][:, :p] for k in ("input_ids", "attention_mask", "position_ids")))
+    first, inverse = shared_prompt_rows(*(b.batch[k][:, :p] for k in ("input_ids", "attention_mask", "position_ids")))
     assert first[inverse].tolist() == [0, 0, 0, 3, 3, 5]
     # a prompt that differs in one live token is its own group
     b.batch["input_ids"][2, 4] += 1
-    first, inverse = _shared_prompts(*(b.batch[k][:, :p] for k in ("input_ids", "attention_mask", "position_ids")))
+    first, inverse = shared_prompt_rows(*(b.batch[k][:, :p] for k in ("input_ids", "attention_mask", "position_ids")))
     assert first[inverse].tolist() == [0, 0, 2, 3, 3, 5]
 
 
