@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from search_r1.rollout.tensor_helper import position_ids_from_mask, shared_prompt_rows
+from search_r1.rollout.tensor_helper import pad_ragged, position_ids_from_mask, shared_prompt_rows
 from search_r1.search.retry import backoff_delay
 from search_r1.transport import check_key_transport
 
@@ -148,6 +148,16 @@ def _eos_token_ids(model, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
+@dataclass
+class _SavedKV:
+    """One row's KV cache kept from the previous generate call: the tokens it covers (the prompt
+    and every sampled token but the last, which was never fed) and, per layer, (keys, values) of
+    shape (heads, len(tokens), head_dim)."""
+
+    tokens: tuple[int, ...]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+
 def _check_prompts(prompts) -> None:
     if not isinstance(prompts, (list, tuple)):
         raise ValueError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
@@ -175,6 +185,12 @@ class HFGenerator:
     - Prompts are left-padded into batches of `batch_size` (None = all at once), longest first to
       limit padding; outputs come back in input order. Identical prompts in one batch (a GRPO
       group) are prefilled once and their KV cache rows repeated.
+    - Multi-turn reuse (`reuse_kv`, default on): each call keeps its rows' KV caches until the next
+      call. A prompt that extends one of them (a rollout's next round: context + sampled tokens +
+      observation) prefills only the new tokens on top of that cache. A cache is used only while the
+      model's weights are the ones that computed it (every parameter's storage and version counter
+      are compared, so an optimizer step or a weight sync in between drops it), and only for an
+      exact token prefix. Memory: the previous call's rows (~46 KB per token for SmolLM2-135M fp32).
     - Sampling: temperature 0 is greedy (argmax); otherwise temperature, top-k, top-p as in vLLM.
       Each row draws from its own RNG seeded by (params.seed, row index), so a row's sample does
       not depend on batch size, batch order or the other rows; identical prompts in one call (a GRPO
@@ -191,13 +207,14 @@ class HFGenerator:
 
     Args: `eos_token_ids` overrides the EOS set ([] = never stop on EOS, for benchmarks);
     `sort_by_length=False` keeps input order inside batches. `stats` accumulates calls, prompts,
-    prefilled prompts (distinct ones per batch), generated tokens, forward passes and seconds. The
+    prefilled prompts (distinct ones per batch), prompt tokens taken from a kept cache
+    (`reused_tokens`), generated tokens, forward passes and seconds. The
     model's train/eval mode is restored after each call, so a trainer can share the module.
     """
 
     def __init__(self, model, tokenizer, batch_size: int | None = None,
                  eos_token_ids: list[int] | None = None, logprobs_mode: str = "raw",
-                 sort_by_length: bool = True):
+                 sort_by_length: bool = True, reuse_kv: bool = True):
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"HFGenerator batch_size must be None or >= 1, got {batch_size}")
         if logprobs_mode not in LOGPROBS_MODES:
@@ -211,9 +228,12 @@ class HFGenerator:
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = pad if pad is not None else min(self.eos_token_ids, default=0)
         self.token_ids_exact = True  # ids are the sampled ones, never re-tokenized
-        self.stats = {"calls": 0, "prompts": 0, "prefilled_prompts": 0, "generated_tokens": 0, "forward_passes": 0,
-                      "seconds": 0.0}
+        self.stats = {"calls": 0, "prompts": 0, "prefilled_prompts": 0, "reused_tokens": 0, "generated_tokens": 0,
+                      "forward_passes": 0, "seconds": 0.0}
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.reuse_kv = reuse_kv
+        self._saved: dict[tuple[int, ...], _SavedKV] = {}  # the previous call's rows, by their tokens
+        self._saved_weights: tuple | None = None  # _weights_key() when they were computed
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenOutput]:
         _check_prompts(prompts)
@@ -226,6 +246,7 @@ class HFGenerator:
         size = self.batch_size or len(prompts)
         base_seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
         results: list[GenOutput | None] = [None] * len(prompts)
+        previous = self._take_saved()
         # The same module may be trained between calls (the CPU trainer shares it): switch to eval
         # for sampling and restore the caller's mode afterwards.
         was_training = self.model.training
@@ -235,37 +256,84 @@ class HFGenerator:
                 for first in range(0, len(order), size):
                     rows = order[first:first + size]
                     rngs = [_row_rng(base_seed, i) for i in rows]
-                    for i, out in zip(rows, self._generate_batch([prompts[i] for i in rows], params, rngs)):
+                    outs = self._generate_batch([prompts[i] for i in rows], params, rngs, previous)
+                    for i, out in zip(rows, outs):
                         results[i] = out
         finally:
             self.model.train(was_training)
+        del previous
+        if self.reuse_kv:
+            self._saved_weights = self._weights_key()
         self.stats["calls"] += 1
         self.stats["prompts"] += len(prompts)
         self.stats["generated_tokens"] += sum(len(r.token_ids) for r in results)
         self.stats["seconds"] += time.perf_counter() - start
         return results
 
-    def _forward(self, cache, **inputs):
-        extra = {"logits_to_keep": 1} if self._keeps_logits else {}
-        out = self.model(**inputs, past_key_values=cache, use_cache=True, **extra)
-        self.stats["forward_passes"] += 1
-        return out.logits[:, -1, :]                                      # (n, V)
+    def _weights_key(self) -> tuple:
+        # In-place updates (optimizer steps, load_state_dict, weight syncs) bump a tensor's version
+        # counter; a re-assigned .data changes its storage.
+        return tuple((p.data_ptr(), p._version) for p in self.model.parameters())
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
-                        rngs: list[random.Random]) -> list[GenOutput]:
-        from transformers import DynamicCache
+    def _take_saved(self) -> dict[tuple[int, ...], _SavedKV]:
+        """The previous call's kept caches if the weights are unchanged since, else {}; none are kept after."""
+        saved, self._saved = self._saved, {}
+        if not saved or self._weights_key() != self._saved_weights:
+            return {}
+        return saved
 
-        device = next(self.model.parameters()).device
-        n, width = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((n, width), dtype=torch.long)
-        for r, p in enumerate(prompts):                                  # left padding
-            input_ids[r, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
-            attention_mask[r, width - len(p):] = 1
+    @staticmethod
+    def _longest_saved_prefix(prompt: list[int], previous: dict, lengths: list[int]) -> _SavedKV | None:
+        for n in lengths:  # longest first
+            if n < len(prompt) and (hit := previous.get(tuple(prompt[:n]))) is not None:
+                return hit
+        return None
+
+    def _keep(self, cache, attention_mask, rows: list[tuple[int, list[int]]]) -> None:
+        """Save the KV cache of finished batch rows: rows = [(batch index, tokens it covers)]."""
+        for j, tokens in rows:
+            live = attention_mask[j].bool()
+            layers = [(layer.keys[j][:, live].clone(), layer.values[j][:, live].clone()) for layer in cache.layers]
+            if layers and layers[0][0].shape[1] == len(tokens):  # else a layout this code does not know
+                self._saved[tuple(tokens)] = _SavedKV(tuple(tokens), layers)
+
+    def _prefill_on_saved(self, cache, prompts: list[list[int]], hits: list[_SavedKV | None], device):
+        """Prefill the rows' new tokens on top of their saved caches (rows without one: the whole prompt).
+
+        Layout, per row: its saved cache right-aligned in the first C columns (C = the longest
+        saved), then its new tokens right-aligned in the next S columns (S = the longest suffix);
+        the mask is 0 on the gaps, positions continue from the saved length. Returns (logits (n, V),
+        attention_mask (n, C + S), next positions (n,)).
+        """
+        n = len(prompts)
+        cached = [len(h.tokens) if h is not None else 0 for h in hits]
+        C = max(cached)
+        input_ids, new_mask = map(torch.from_numpy, pad_ragged([p[c:] for p, c in zip(prompts, cached)],
+                                                                pad_value=self.pad_token_id, left=True))
+        old_mask = torch.from_numpy(pad_ragged([[1] * c for c in cached], width=C, left=True)[1])
+        attention_mask = torch.cat([old_mask, new_mask], dim=1)          # (n, C + S)
+        position_ids = position_ids_from_mask(attention_mask)[:, C:]     # continues from each saved length
+        ref = next(h for h in hits if h is not None).layers
+        for layer, (k0, v0) in enumerate(ref):
+            keys = k0.new_zeros((n, k0.shape[0], C, k0.shape[2]))
+            values = v0.new_zeros((n, v0.shape[0], C, v0.shape[2]))
+            for r, (h, c) in enumerate(zip(hits, cached)):
+                if h is not None:
+                    keys[r, :, C - c:], values[r, :, C - c:] = h.layers[layer]
+            cache.update(keys, values, layer)
+        self.stats["reused_tokens"] += sum(cached)
+        self.stats["prefilled_prompts"] += n
+        attention_mask, position_ids = attention_mask.to(device), position_ids.to(device)
+        logits = self._forward(cache, input_ids=input_ids.to(device), attention_mask=attention_mask,
+                               position_ids=position_ids)
+        return logits, attention_mask, position_ids[:, -1] + 1
+
+    def _prefill(self, cache, prompts: list[list[int]], device):
+        """Prefill left-padded prompts; returns (logits (n, V), attention_mask (n, width), next positions (n,))."""
+        n = len(prompts)
+        input_ids, attention_mask = map(torch.from_numpy, pad_ragged(prompts, pad_value=self.pad_token_id, left=True))
         position_ids = position_ids_from_mask(attention_mask)            # (n, width)
         input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
-
-        cache = DynamicCache(config=self.model.config)
         # A GRPO group asks for several samples of one prompt: prefill each distinct prompt once and
         # repeat its cache rows (the prefill is most of a short rollout's compute on a CPU).
         first, inverse = shared_prompt_rows(input_ids, attention_mask, position_ids)
@@ -278,7 +346,29 @@ class HFGenerator:
             self.stats["prefilled_prompts"] += n
             logits = self._forward(cache, input_ids=input_ids, attention_mask=attention_mask,
                                    position_ids=position_ids)
-        next_pos = position_ids[:, -1] + 1                               # (n_active,)
+        return logits, attention_mask, position_ids[:, -1] + 1
+
+    def _forward(self, cache, **inputs):
+        extra = {"logits_to_keep": 1} if self._keeps_logits else {}
+        out = self.model(**inputs, past_key_values=cache, use_cache=True, **extra)
+        self.stats["forward_passes"] += 1
+        return out.logits[:, -1, :]                                      # (n, V)
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
+                        rngs: list[random.Random], previous: dict | None = None) -> list[GenOutput]:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        device = next(self.model.parameters()).device
+        n = len(prompts)
+        cache = DynamicCache(config=self.model.config)
+        reusable = self.reuse_kv and all(type(layer) is DynamicLayer for layer in cache.layers)
+        lengths = sorted({len(t) for t in previous}, reverse=True) if previous and reusable else []
+        hits = [self._longest_saved_prefix(p, previous, lengths) for p in prompts] if lengths else [None] * n
+        if any(h is not None for h in hits):
+            logits, attention_mask, next_pos = self._prefill_on_saved(cache, prompts, hits, device)
+        else:
+            logits, attention_mask, next_pos = self._prefill(cache, prompts, device)
 
         tokens_out: list[list[int]] = [[] for _ in range(n)]
         logprobs_out: list[list[float]] = [[] for _ in range(n)]
@@ -292,8 +382,12 @@ class HFGenerator:
                 tokens_out[r].append(tok_list[j])
                 logprobs_out[r].append(lp_list[j])
             done = self._finished_rows(active, tok_list, tokens_out, params.stop, window, finish)
-            if len(tokens_out[active[0]]) >= params.max_tokens:
-                break  # all active rows have the same length: the budget is spent
+            spent = len(tokens_out[active[0]]) >= params.max_tokens  # all active rows have the same length
+            if reusable:  # a finished row's cache covers its prompt and all but its last token
+                self._keep(cache, attention_mask, [(j, prompts[r] + tokens_out[r][:-1]) for j, r in enumerate(active)
+                                                   if spent or r in done])
+            if spent:
+                break
             keep = [j for j, r in enumerate(active) if r not in done]
             if not keep:
                 break

@@ -105,6 +105,49 @@ def test_seeded_sampling_is_reproducible_and_row_independent(tiny):
     assert len({tuple(o.token_ids) for o in group}) == 4
 
 
+def test_a_next_round_prefills_only_its_new_tokens_on_the_kept_cache(tiny):
+    """A rollout's next round (context + sampled tokens + observation) reuses the previous call's KV
+    cache and samples what a generator without it samples; changed weights drop the cache."""
+    model, tok, prompts = tiny
+    obs = [tok.encode(f"\n<information>Doc {i}: {'text ' * (3 * i)}</information>\n", add_special_tokens=False)
+           for i in range(4)]
+    params = SamplingParams(max_tokens=9, temperature=1.0, seed=5)
+    gen, fresh = HFGenerator(model, tok), HFGenerator(model, tok, reuse_kv=False)
+    first = [prompts[0], prompts[0], prompts[1], prompts[2]]
+    outs = gen.generate(first, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in fresh.generate(first, params)]
+    assert gen.stats["reused_tokens"] == 0
+    # rows 0-2 continue; row 3 kept only part of its output (a budget cut: no cached prefix); row 4 is new
+    second = [p + o.token_ids + ob for p, o, ob in zip(first[:3], outs, obs)]
+    second += [first[3] + outs[3].token_ids[:4] + obs[3], prompts[1]]
+    reused = sum(len(p) + len(o.token_ids) - 1 for p, o in zip(first[:3], outs))
+    cont = gen.generate(second, params)
+    assert gen.stats["reused_tokens"] == reused
+    expected = fresh.generate(second, params)
+    assert fresh.stats["reused_tokens"] == 0
+    assert [o.token_ids for o in cont] == [o.token_ids for o in expected]
+    for a, b, prompt in zip(cont, expected, second):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        assert a.logprobs == pytest.approx(teacher_forced(model, prompt, a.token_ids), abs=1e-4)
+    # a third round on the second's caches, then a weight change (an optimizer step) in between
+    third = [p + o.token_ids + obs[0] for p, o in zip(second, cont)]
+    assert [o.token_ids for o in gen.generate(third, params)] == [o.token_ids for o in fresh.generate(third, params)]
+    assert gen.stats["reused_tokens"] == reused + sum(len(p) + len(o.token_ids) - 1 for p, o in zip(second, cont))
+    before = gen.stats["reused_tokens"]
+    outs = gen.generate(first, params)
+    weight = next(model.parameters())
+    with torch.no_grad():
+        weight.mul_(1.5)
+    try:
+        second = [p + o.token_ids + ob for p, o, ob in zip(first, outs, obs)]
+        cont = gen.generate(second, params)
+        assert gen.stats["reused_tokens"] == before
+        assert [o.token_ids for o in cont] == [o.token_ids for o in fresh.generate(second, params)]
+    finally:
+        with torch.no_grad():
+            weight.div_(1.5)
+
+
 def test_a_group_prompt_is_prefilled_once_with_the_same_samples(tiny):
     """Repeated prompts (GRPO groups) share one prefill; every row still samples what it would alone."""
     model, tok, prompts = tiny
