@@ -150,12 +150,15 @@ def _eos_token_ids(model, tokenizer) -> frozenset[int]:
 
 @dataclass
 class _SavedKV:
-    """One row's KV cache kept from the previous generate call: the tokens it covers (the prompt
-    and every sampled token but the last, which was never fed) and, per layer, (keys, values) of
-    shape (heads, len(tokens), head_dim)."""
+    """One row's KV cache kept from the previous generate call, per layer (keys, values) of shape
+    (heads, length, head_dim). It covers the prompt and every sampled token but the last (never
+    fed); those tokens are its key in `HFGenerator._saved`."""
 
-    tokens: tuple[int, ...]
     layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0][0].shape[1]
 
 
 def _check_prompts(prompts) -> None:
@@ -293,9 +296,10 @@ class HFGenerator:
         """Save the KV cache of finished batch rows: rows = [(batch index, tokens it covers)]."""
         for j, tokens in rows:
             live = attention_mask[j].bool()
-            layers = [(layer.keys[j][:, live].clone(), layer.values[j][:, live].clone()) for layer in cache.layers]
+            # Boolean indexing copies, so the kept tensors do not pin the batch's whole cache.
+            layers = [(layer.keys[j][:, live], layer.values[j][:, live]) for layer in cache.layers]
             if layers and layers[0][0].shape[1] == len(tokens):  # else a layout this code does not know
-                self._saved[tuple(tokens)] = _SavedKV(tuple(tokens), layers)
+                self._saved[tuple(tokens)] = _SavedKV(layers)
 
     def _prefill_on_saved(self, cache, prompts: list[list[int]], hits: list[_SavedKV | None], device):
         """Prefill the rows' new tokens on top of their saved caches (rows without one: the whole prompt).
@@ -306,7 +310,7 @@ class HFGenerator:
         attention_mask (n, C + S), next positions (n,)).
         """
         n = len(prompts)
-        cached = [len(h.tokens) if h is not None else 0 for h in hits]
+        cached = [h.length if h is not None else 0 for h in hits]
         C = max(cached)
         input_ids, new_mask = map(torch.from_numpy, pad_ragged([p[c:] for p, c in zip(prompts, cached)],
                                                                 pad_value=self.pad_token_id, left=True))
