@@ -26,8 +26,10 @@
 #      no-search, RAG, warm-start alone (search, before GRPO) and every GRPO run (after GRPO);
 #   5. the comparison (search_r1.evaluation.compare: EM per arm and source with the spread over seeds,
 #      format validity, searches per question, two-hop questions answered after two searches, per-question
-#      changes by number of searches, verdicts) in $EXP_OUT/comparison.md, the dev table of every run in
-#      $EXP_OUT/dev.md, and the figure $EXP_OUT/comparison.png (scripts/plot_experiment.py).
+#      changes by number of searches, verdicts; search_r1.evaluation.hop_failures: why two-hop answers
+#      fail: the bridge never shown by the first search, another entity searched, ...) in
+#      $EXP_OUT/comparison.md, the dev tables of every run in $EXP_OUT/dev.md, and the figure
+#      $EXP_OUT/comparison.png (scripts/plot_experiment.py).
 # The recipe (lr, steps, group size, turns, warm-start demonstrations) is to be chosen on the dev split
 # (scripts/select_recipe_cpu.sh runs candidates on dev only); the test split is evaluated once per final run.
 #
@@ -151,6 +153,7 @@ if mode == "setup":
     print("TEST_FILES=" + " ".join(str(f) for f in data.test_files))
     print("EVAL_FLAGS=" + " ".join(flags))
     print(f"STEPS={cfg.trainer.total_steps}")
+    print(f"PROTOCOL={cfg.data.protocol}")
 else:
     # In this process (it exits right after, which returns the SFT's memory): warm_start's spawned
     # child cannot start from a script read on stdin.
@@ -304,6 +307,12 @@ for run in runs:
         up, down = count_flips(flips, source)
         print(f"| {run.name} | `{source}` | {up} | {down} |")
 PY
+# Why two-hop answers fail, before and after: the questions whose first search never shows the bridge
+# entity are out of reach whatever GRPO teaches the later steps (the "reachable" column).
+{
+  echo; echo "### Two-hop dev answers by failure cause, before and after (search_r1.evaluation.hop_failures)"; echo
+  "$PYTHON" -m search_r1.evaluation.hop_failures --data "$DEV" --protocol "${SETUP[PROTOCOL]}" "${RUN_DIRS[@]}"
+} | tee -a "$OUT/dev.md"
 if [[ "$TEST" != 1 ]]; then phase "done (EXP_TEST=0: no test evaluation): $OUT/dev.md"; exit 0; fi
 
 phase "4/5 test evaluation (each final model once)"
@@ -338,6 +347,9 @@ phase "5/5 comparison"
   "$PYTHON" -m search_r1.evaluation.compare --arm "no-search=$OUT/eval/test/no-search" --arm "rag=$OUT/eval/test/rag" \
     --arm "warm-start=$OUT/eval/test/warm-start" --arm "grpo=$(IFS=,; echo "${GRPO[*]}")" \
     --before warm-start --after grpo --baseline rag --json "$OUT/comparison.json"
+  echo; echo "### Two-hop test answers by failure cause (search_r1.evaluation.hop_failures)"; echo
+  "$PYTHON" -m search_r1.evaluation.hop_failures "${TEST_FILES[@]/#/--data=}" --protocol "${SETUP[PROTOCOL]}" \
+    "$OUT/eval/test/warm-start" "${GRPO[@]}"
   cat "$OUT/dev.md"
   echo
   echo "- training curves: $OUT/grpo_*/training_curves.png; the figure: $OUT/comparison.png"

@@ -164,6 +164,29 @@ def search_observation(passages: str, protocol: str = "tags") -> str:
     return f"{opening}{passages.strip()}{closing}"
 
 
+def search_rounds(trajectory: str, protocol: str = "tags") -> list[tuple[str, str]]:
+    """(query, observation body) of each search round in a decoded trajectory, in order.
+
+    The trajectory is what the rollout wrote: policy turns with the environment's observations between
+    them. Each observation is paired with the search action of the policy text before it; an
+    observation not preceded by a search action (which the rollout never writes) is skipped. After an
+    invalid turn, the turn that searched is the one after the corrective message.
+
+    >>> search_rounds("<search> a </search>\\n\\n<information>Doc 1 x</information>\\n\\n<answer> x </answer>")
+    [('a', 'Doc 1 x')]
+    """
+    opening, closing = (w.strip() for w in _WRAPPERS[check_protocol(protocol)])
+    rounds, start = [], 0
+    for m in re.finditer(re.escape(opening) + r"(.*?)" + re.escape(closing), trajectory, re.DOTALL):
+        # The turn that searched follows the last corrective message (which itself quotes the tags).
+        turn = trajectory[start:m.start()].split(_INVALID_TEXT[protocol].strip())[-1]
+        action = parse_action(turn, protocol)
+        if action.kind == "search":
+            rounds.append((action.content, m.group(1).strip()))
+        start = m.end()
+    return rounds
+
+
 def failed_search_observation(protocol: str = "tags") -> str:
     """What the policy reads when the search engine failed after its retries."""
     return search_observation(SEARCH_FAILED_TEXT, protocol)

@@ -97,6 +97,11 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
         up, down = count_flips(flips, source)
         assert f"| grpo_auto_seed0 | `{source}` | {up} | {down} |" in dev_md
     assert set(json.loads((out / "comparison.json").read_text())["arms"]) >= {"rag", "grpo"}
+    # why two-hop answers failed: dev before and after (first and last validation), test per final model
+    assert "### Two-hop dev answers by failure cause" in dev_md
+    assert "| grpo_auto_seed0 step 0 | 2 |" in dev_md and "| grpo_auto_seed0 step 1 | 2 |" in dev_md
+    assert "### Two-hop test answers by failure cause" in comparison
+    assert "| warm-start | 2 |" in comparison and "| grpo-s0 | 2 |" in comparison
     assert (out / "comparison.png").stat().st_size > 0
     run = out / "grpo_auto_seed0"
     record = (run / "exp_args.txt").read_text()

@@ -7,6 +7,7 @@ from search_r1.protocol import (
     invalid_action_observation,
     parse_action,
     search_observation,
+    search_rounds,
     stop_strings,
 )
 
@@ -78,6 +79,24 @@ def test_unknown_protocol_is_a_clear_error():
         parse_action("x", "xml")
     with pytest.raises(ValueError, match="allowed values"):
         stop_strings("xml")
+
+
+@pytest.mark.parametrize("protocol, search", [
+    ("tags", lambda q: f"<search> {q} </search>"),
+    ("tool_call", lambda q: f'<tool_call>{{"name": "search", "arguments": {{"query": "{q}"}}}}</tool_call>'),
+])
+def test_search_rounds_pair_each_query_with_its_observation(protocol, search):
+    # a trajectory as the rollout writes it: turn, observation, an invalid turn (the corrective message
+    # quotes the tags themselves), a second search, its observation, the answer
+    text = ("<think> first </think>\n" + search("who is A") + search_observation("Doc 1 A lives in B", protocol)
+            + "<think> hm </think> <search> </search>" + invalid_action_observation(protocol)
+            + "<think> now B </think>\n" + search("where is B") + search_observation("Doc 1 B is in C", protocol)
+            + "<answer> C </answer>")
+    assert search_rounds(text, protocol) == [("who is A", "Doc 1 A lives in B"), ("where is B", "Doc 1 B is in C")]
+    assert search_rounds("<answer> C </answer>", protocol) == []
+    # a failed search is still a round: the policy read the failure text
+    failed = search("q") + failed_search_observation(protocol)
+    assert [q for q, _ in search_rounds(failed, protocol)] == ["q"]
 
 
 def test_stop_strings_and_texts():
