@@ -69,13 +69,15 @@ def load_bridges(data_files) -> tuple[dict[str, str], dict[str, str]]:
         if "extra_info" not in frame.columns:
             raise ValueError(f"{path} has no extra_info column: pass the synthetic world's parquet "
                              f"(python -m search_r1.data.synth), whose two-hop rows record their bridge entity")
-        for i, row in enumerate(frame.to_dict("records")):
+        for row in frame.to_dict("records"):
             extra = row["extra_info"] if isinstance(row["extra_info"], dict) else {}
             if int(extra.get("hops") or 1) != 2 or not extra.get("bridge"):
                 continue
-            qid = str(row["id"]) if "id" in row else str(i)
-            by_id[qid] = by_question[str(row["question"])] = str(extra["bridge"])
-    if not by_id:
+            by_question[str(row["question"])] = str(extra["bridge"])
+            # Only a real id column: the eval and the trainer name id-less rows each their own way.
+            if row.get("id") is not None:
+                by_id[str(row["id"])] = by_question[str(row["question"])]
+    if not by_question:
         raise ValueError(f"no two-hop row with extra_info.bridge in {[str(p) for p in data_files]}")
     return by_id, by_question
 

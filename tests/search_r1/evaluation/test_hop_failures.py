@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from search_r1.evaluation.hop_failures import CAUSES, failure_cause, main
+from search_r1.evaluation.hop_failures import CAUSES, failure_cause, load_bridges, main
 from search_r1.protocol import search_observation
 
 BRIDGE, GOLD = "Zakguth", "Fusfemen"
@@ -85,6 +85,14 @@ def test_cli_reads_training_validations_and_eval_outputs(tmp_path, capsys):
     assert rows["run step 0"][col["one search"]] == "1" and rows["run step 0"][col["two-hop"]] == "1"
     assert rows["run step 12"][col["right"]] == "1"  # the single-hop question is not counted
     assert rows["eval"][col["other entity"]] == "1" and rows["eval"][col["reachable"]] == "1"
+
+
+def test_rows_without_an_id_column_are_matched_by_question_only(tmp_path):
+    # no positional ids invented: the eval ("file:row") and the trainer ("dev:N") each name such rows
+    # their own way, so a made-up "0" could only match the wrong question
+    path = tmp_path / "noid.parquet"
+    pd.DataFrame([{"question": "Where was T born?", "extra_info": {"hops": 2, "bridge": BRIDGE}}]).to_parquet(path)
+    assert load_bridges([path]) == ({}, {"Where was T born?": BRIDGE})
 
 
 def test_cli_names_a_data_file_without_bridges(tmp_path, capsys):
