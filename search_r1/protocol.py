@@ -187,6 +187,19 @@ def search_rounds(trajectory: str, protocol: str = "tags") -> list[tuple[str, st
     return rounds
 
 
+def mentions_any(text: str, names) -> bool:
+    """Whether `text` contains any of `names`, ignoring case; an empty name never counts.
+
+    Used to ask whether an observation showed an entity or a gold answer (the warm-start's evidence
+    filter, the two-hop failure analysis), so both read "shown" the same way.
+
+    >>> mentions_any("Doc 1 Paris is ...", ["paris", ""]), mentions_any("anything", [""])
+    (True, False)
+    """
+    lowered = text.lower()
+    return any(n and n.lower() in lowered for n in names)
+
+
 def failed_search_observation(protocol: str = "tags") -> str:
     """What the policy reads when the search engine failed after its retries."""
     return search_observation(SEARCH_FAILED_TEXT, protocol)

@@ -31,13 +31,9 @@ from collections import Counter
 from pathlib import Path
 
 from search_r1.evaluation.compare import Run
-from search_r1.protocol import PROTOCOLS, search_rounds
+from search_r1.protocol import PROTOCOLS, mentions_any, search_rounds
 
 CAUSES = ("right", "no_answer", "one_search", "bridge_not_shown", "other_entity", "answer_not_shown", "misread")
-
-
-def _names(text: str, needles) -> bool:
-    return any(n and n.lower() in text.lower() for n in needles)
 
 
 def failure_cause(record: dict, bridge: str, protocol: str = "tags") -> str:
@@ -50,11 +46,11 @@ def failure_cause(record: dict, bridge: str, protocol: str = "tags") -> str:
     rounds = search_rounds(record["response"], protocol)
     if len(rounds) < 2:
         return "one_search"
-    if not _names(rounds[0][1], [bridge]):
+    if not mentions_any(rounds[0][1], [bridge]):
         return "bridge_not_shown"
-    if not _names(rounds[1][0], [bridge]):
+    if not mentions_any(rounds[1][0], [bridge]):
         return "other_entity"
-    if not any(_names(obs, record["golden_answers"]) for _, obs in rounds[1:]):
+    if not any(mentions_any(obs, record["golden_answers"]) for _, obs in rounds[1:]):
         return "answer_not_shown"
     return "misread"
 

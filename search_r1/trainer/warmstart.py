@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from search_r1.dtypes import machine_description
+from search_r1.protocol import mentions_any
 
 log = logging.getLogger("search_r1.trainer.warmstart")
 
@@ -140,10 +141,6 @@ def _train_rows(train_files) -> list[dict]:
     return rows
 
 
-def _visible(needles, text: str) -> bool:
-    return any(n.lower() in text.lower() for n in needles)
-
-
 class _DemoWriter:
     """Tokenizes demonstrations of one format: policy turns (mask 1) between observations (mask 0)."""
 
@@ -222,10 +219,10 @@ class _DemoWriter:
         if any(ids is None for ids, _ in observations):
             self.stats["too_long"] += 1
             return False
-        if observations and row["hops"] == 2 and not _visible([row["bridge"]], observations[0][1]):
+        if observations and row["hops"] == 2 and not mentions_any(observations[0][1], [row["bridge"]]):
             self.stats["bridge_not_retrieved"] += 1
             return False
-        if observations and not _visible(row["golden_answers"], observations[-1][1]):
+        if observations and not mentions_any(observations[-1][1], row["golden_answers"]):
             self.stats["gold_not_retrieved"] += 1
             return False
         return True

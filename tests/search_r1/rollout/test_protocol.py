@@ -5,6 +5,7 @@ from search_r1.protocol import (
     ObservationEncoder,
     failed_search_observation,
     invalid_action_observation,
+    mentions_any,
     parse_action,
     search_observation,
     search_rounds,
@@ -171,3 +172,13 @@ def test_decode_tool_call_both_forms():
     assert decode_tool_call('{"action": "web_search", "action_input": {"query": "x"}}') == \
         ToolCall("web_search", {"query": "x"})
     assert decode_tool_call('{"name": "search"}') == ToolCall("search", {})
+
+
+def test_mentions_any_ignores_case_and_never_counts_an_empty_name():
+    # An empty gold answer or bridge must not make every observation count as showing it: the
+    # warm-start's evidence filter and the two-hop failure analysis both ask this question.
+    assert mentions_any("Doc 1(Title: Veltra) founded by ANA OSK", ["ana osk"])
+    assert not mentions_any("Doc 1(Title: Veltra) founded by Ana", ["Ana Osk"])
+    assert not mentions_any("any text at all", ["", ""])
+    assert mentions_any("Tamanine", ["", "tamanine"])
+    assert not mentions_any("anything", [])
