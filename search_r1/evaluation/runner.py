@@ -419,6 +419,21 @@ def _baseline_prompts(cfg: EvalConfig, tokenizer, batch: list[Example], engine) 
     return prompts, contexts
 
 
+def _start_budget(cfg: EvalConfig, per_turn: int | None) -> int:
+    """Longest prompt the rollout keeps whole (longer ones lose their first tokens).
+
+    The search mode's prompt is the data's, held to max_start_length when loaded. A baseline builds
+    its own prompt, and RAG's carries up to max_obs_length tokens of passages after the instruction:
+    with max_start_length alone the left cut took the instruction (five 320-token passages against
+    256: EM 0, format 0, where the warm-start trained on whole prompts). A baseline answers in one
+    round, so it may use whatever context that round's generation leaves.
+    """
+    if cfg.mode == "search":
+        return cfg.max_start_length
+    answer = min(per_turn or cfg.max_response_length, cfg.max_response_length)
+    return max(cfg.max_start_length, cfg.max_prompt_length - answer)
+
+
 def _policy_turns(tokenizer, ids: list[int], mask: list[int]) -> list[str]:
     """Decoded runs of generated tokens (mask 1): one string per policy turn."""
     turns, run = [], []
@@ -506,7 +521,7 @@ def evaluate(cfg: EvalConfig, generator=None, tokenizer=None, search_engine=None
             # mode's rounds, so a model that reasons at length is not cut short by the mode alone.
             per_turn *= cfg.max_turns + 1
         gen_cfg = GenerationConfig(
-            max_turns=cfg.max_turns if cfg.mode == "search" else 0, max_start_length=cfg.max_start_length,
+            max_turns=cfg.max_turns if cfg.mode == "search" else 0, max_start_length=_start_budget(cfg, per_turn),
             max_prompt_length=cfg.max_prompt_length, max_response_length=cfg.max_response_length,
             max_obs_length=cfg.max_obs_length, topk=cfg.topk,
             protocol=protocol if cfg.mode == "search" else "tags",

@@ -153,6 +153,27 @@ def test_rag_baseline_puts_retrieved_passages_in_the_prompt(synth_world, tmp_pat
     assert res["metrics"]["overall"]["em"] == 1.0 and res["metrics"]["overall"]["searches"] == 0.0
 
 
+def test_rag_prompt_longer_than_max_start_length_is_kept_whole(synth_world, tmp_path, retriever_server):
+    """The RAG prompt adds up to max_obs_length tokens of passages to the question: a start budget
+    meant for the data's prompts must not cut its instruction off (it did: five 320-token passages
+    against max_start_length=256 gave EM 0). Only the answer round's room is reserved."""
+    rows = [json.loads(line) for line in (synth_world / "test.jsonl").read_text().splitlines()[:2]]
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prepare([parse_spec(f"world={tmp_path / 'q.jsonl'}")], tmp_path / "data", test_fraction=0.0)
+    tok = smollm2_tokenizer()
+    client = RetrieverClient(retriever_server.url, topk=5)
+    oracle = Oracle(tok, {r["question"]: [f"<answer> {r['golden_answers'][0]} </answer>"] for r in rows})
+    cfg = _cfg(str(tmp_path / "data" / "train.parquet"), tmp_path / "rag", mode="rag", max_start_length=160,
+               max_prompt_length=1024, max_obs_length=400, max_response_length=600, max_tokens_per_turn=20)
+    res = evaluate(cfg, oracle, tok, client)
+    lengths = [len(tok(c, add_special_tokens=False)["input_ids"]) for c in oracle.contexts]
+    assert min(lengths) > 160  # the case under test: every prompt is longer than max_start_length
+    for ctx in oracle.contexts:
+        assert ctx.startswith("<|im_start|>") and "Answer the given question using the documents below" in ctx
+    assert oracle.max_tokens == 20 * 3  # the answer round keeps its whole budget
+    assert res["metrics"]["overall"]["em"] == 1.0 and res["metrics"]["overall"]["format_valid"] == 1.0
+
+
 def test_retriever_is_required_for_search(qa_file, tmp_path, capsys):
     assert main(["--model", "tiny-random-qwen3", "--data", qa_file, "--out", str(tmp_path / "x")]) == 2
     assert "needs a retriever" in capsys.readouterr().err
