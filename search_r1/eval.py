@@ -85,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     limit("--protocol", "action protocol; auto = tool_call if the prompt asks for <tool_call>, else tags",
           choices=["auto", "tags", "tool_call"])
     limit("--max-turns", "rounds in which a search is allowed (one more without search follows)", type=int)
-    limit("--max-start-length", "longest prompt in tokens; longer ones are dropped with a warning", type=int)
+    limit("--max-start-length", "longest data prompt in tokens; longer ones are dropped with a warning (the "
+          "baselines' own prompts, RAG's with its passages, may use what their answer round leaves)", type=int)
     limit("--max-prompt-length", "longest rolling context (prompt + response)", type=int)
     limit("--max-response-length", "longest response (generated + observation tokens, all turns)", type=int)
     limit("--max-obs-length", "longest search observation (and RAG context) in tokens", type=int)
