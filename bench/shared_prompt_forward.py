@@ -13,13 +13,19 @@ lengths spread +-15%). Token ids are random: the cost of a forward does not depe
 For each micro-batch size it times, shared (the default path) and unshared (every row its own
 prompt, as before), the median of `--repeats` runs of:
     ref     compute_ref_log_prob over the batch (no grad)
-    update  accumulate_grads over the batch (forward + backward; no optimizer step)
-and prints seconds, the ratio unshared / shared, and the largest log-prob difference between the
-two paths (float rounding only). Run it on an idle machine and write the CPU kind beside the figures.
+    update  accumulate_grads over the batch (forward + backward; no optimizer step), in one autocast
+            context as update_actor runs it
+    /call   (bf16 only) the same two with an autocast context per micro-batch, as before 2026-12-03:
+            autocast caches a weight's bf16 cast only inside one open context, and never for frozen
+            weights, so the policy's were cast again for every micro-batch and the reference's at
+            every forward call
+and prints seconds, the ratios unshared / shared (and /call over the default), and the largest log-prob
+difference between the two paths (float rounding only). Run it on an idle machine and write the CPU kind beside the figures.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -106,14 +112,29 @@ def main(argv=None) -> int:
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
+    def cast_per_call(fn):
+        def run():
+            w._weights_cast_once = lambda model: contextlib.nullcontext()  # an instance attribute hides the method
+            try:
+                fn()
+            finally:
+                del w._weights_cast_once
+        return run
+
+    bf16 = args.dtype == "bfloat16"
+
     def update():
         w.optimizer.zero_grad(set_to_none=False)
-        w.accumulate_grads(batch, norm)
+        with w._weights_cast_once(w.model):
+            w.accumulate_grads(batch, norm)
+
+    def ref():
+        w.compute_ref_log_prob(batch)
 
     print(f"[shared_prompt_forward] {args.model} {args.dtype}, {args.threads} threads, torch CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}; batch {args.groups} prompts x {args.n}, "
           f"prompt ~{args.prompt_len} tokens, response ~{args.response_len}; median of {args.repeats}")
-    print(f"{'micro':>5} {'path':>9} {'ref s':>7} {'update s':>9}")
+    print(f"{'micro':>5} {'path':>9} {'ref s':>7} {'/call':>6} {'update s':>9} {'/call':>6}")
     for micro in args.micro_batch_sizes:
         w.spec = dataclasses.replace(spec, micro_batch_size=micro)
         results = {}
@@ -121,12 +142,16 @@ def main(argv=None) -> int:
             workers.shared_prompt_rows = fn
             try:
                 logp = w.compute_ref_log_prob(batch).batch["ref_log_prob"]
-                results[name] = (timed(lambda: w.compute_ref_log_prob(batch)), timed(update), logp)
+                results[name] = (timed(ref), timed(update), logp)
+                ref_call = timed(cast_per_call(ref)) if bf16 else float("nan")
+                update_call = timed(cast_per_call(update)) if bf16 else float("nan")
             finally:
                 workers.shared_prompt_rows = real_shared
-            print(f"{micro:>5} {name:>9} {results[name][0]:>7.2f} {results[name][1]:>9.2f}", flush=True)
+            ref_s, update_s, _ = results[name]
+            print(f"{micro:>5} {name:>9} {ref_s:>7.2f} {ref_call / ref_s:>5.2f}x {update_s:>9.2f} "
+                  f"{update_call / update_s:>5.2f}x", flush=True)
         (rs, us, ls), (ru, uu, lu) = results["shared"], results["unshared"]
-        print(f"{micro:>5} {'ratio':>9} {ru / rs:>7.2f} {uu / us:>9.2f}   unshared/shared; "
+        print(f"{micro:>5} {'ratio':>9} {ru / rs:>6.2f}x {'':>6} {uu / us:>8.2f}x {'':>6}   unshared/shared; "
               f"max |logp diff| {float((ls - lu).abs().max()):.1e}", flush=True)
     return 0
 

@@ -405,7 +405,8 @@ def train(model, demos: list[Demo], pad_id: int, steps: int, batch_size: int, lr
             group["lr"] = lr_at(step, steps, lr, lr_schedule)
         opt.zero_grad(set_to_none=True)
         parts = [batch[i:i + MICRO_BATCH] for i in range(0, len(batch), MICRO_BATCH)]
-        step_loss = token_mean_sft_backward(model, parts, pad_id, supervised_tokens(batch), autocast=autocast)
+        with autocast():  # held over the parts: autocast casts each weight to bf16 once per step, not per part
+            step_loss = token_mean_sft_backward(model, parts, pad_id, supervised_tokens(batch), autocast=autocast)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         losses.append(step_loss)

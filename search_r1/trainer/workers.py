@@ -30,6 +30,7 @@ pi_old / pi_rollout (verl's rollout correction).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -269,6 +270,34 @@ class PolicyWorker(Worker):
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return torch.autocast("cpu", enabled=False)
 
+    @contextlib.contextmanager
+    def _weights_cast_once(self, model):
+        """Hold one autocast context open over a pass so that each weight is cast to bf16 once.
+
+        Autocast keeps a weight's bf16 copy only while the outermost autocast context is open, and
+        only for leaf tensors that require grad. `_forward_logprobs` opens a context per forward, so
+        without this the policy's weights are cast once per micro-batch and the reference's (frozen:
+        never cached) once per forward call, twice per micro-batch on the shared-prompt path. In a
+        no-grad pass the frozen weights are marked as requiring grad for its duration (no graph is
+        built under no_grad), which puts them in the cache too. A cast rounds the same whenever it
+        runs, so log-probs and gradients are unchanged. The weights must not change inside: the
+        optimizer steps after the context has closed (closing it drops the cached copies).
+        """
+        if self.spec.compute_dtype != "bfloat16":
+            yield
+            return
+        frozen = [p for p in model.parameters() if not p.requires_grad]
+        if frozen and torch.is_grad_enabled():
+            raise RuntimeError("_weights_cast_once marks frozen weights as trainable: use it under torch.no_grad()")
+        try:
+            for p in frozen:
+                p.requires_grad_(True)
+            with self._autocast():
+                yield
+        finally:
+            for p in frozen:
+                p.requires_grad_(False)
+
     # -- rollout ------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, data: DataProto) -> DataProto:
@@ -350,7 +379,7 @@ class PolicyWorker(Worker):
         return logp * live_resp, (ent * live_resp if ent is not None else None)
 
     def _batched_logprobs(self, model, data: DataProto) -> torch.Tensor:
-        with torch.no_grad():
+        with torch.no_grad(), self._weights_cast_once(model):
             parts = [self._forward_logprobs(model, data, rows, with_entropy=False)[0]
                      for rows in _split_rows(len(data), self.spec.micro_batch_size)]
         return torch.cat(parts, dim=0)
@@ -421,10 +450,12 @@ class PolicyWorker(Worker):
                     continue
                 norm = self._normalizer(mb.batch["response_mask"].float())
                 self.optimizer.zero_grad(set_to_none=False)
-                stats = self.accumulate_grads(mb, norm)
-                anchor_rows = data.meta_info.get("anchor_rows")
-                if spec.anchor_coef > 0 and anchor_rows:
-                    sums["actor/anchor_loss"] = sums.get("actor/anchor_loss", 0.0) + self.accumulate_anchor_grads(anchor_rows)
+                with self._weights_cast_once(self.model):  # closed before the optimizer moves the weights
+                    stats = self.accumulate_grads(mb, norm)
+                    anchor_rows = data.meta_info.get("anchor_rows")
+                    if spec.anchor_coef > 0 and anchor_rows:
+                        sums["actor/anchor_loss"] = (sums.get("actor/anchor_loss", 0.0)
+                                                     + self.accumulate_anchor_grads(anchor_rows))
                 self._all_reduce_grads()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, spec.grad_clip)
                 if torch.isfinite(grad_norm):

@@ -180,6 +180,18 @@ def test_micro_batched_backward_is_the_whole_batch_token_mean(demos, tokenizer):
     assert not all(torch.allclose(p.grad, r, rtol=1e-3, atol=1e-6) for p, r in zip(model.parameters(), ref))
 
 
+def test_bf16_sft_casts_each_weight_once_per_step(demos, tokenizer):
+    """Two bf16 steps of two parts each: every weight matrix is cast to bf16 twice, once per step (per
+    part before; a cast cached across the optimizer step would be used stale and count once)."""
+    from tests._fixtures.weight_casts import WeightCasts
+
+    model, _ = load_model_and_tokenizer(MODEL)
+    with WeightCasts(model) as casts:
+        train(model, demos[:4], tokenizer.pad_token_id, steps=2, batch_size=4, lr=1e-3, seed=0,
+              compute_dtype="bfloat16", progress=False)
+    assert set(casts.count) == casts.weights and set(casts.count.values()) == {2}
+
+
 def test_sft_lowers_the_loss_and_the_result_is_cached(demos, client, synth_world, tmp_path, capsys):
     model, tok = load_model_and_tokenizer(MODEL)
     losses = train(model, demos[:2], tok.pad_token_id, steps=4, batch_size=2, lr=1e-3, seed=0,

@@ -120,6 +120,51 @@ def test_shared_prompt_forward_equals_one_forward_per_row(local_worker_factory, 
     assert (shared[0][1, -2:] == 0).all() and (shared[0][5, -3:] == 0).all()
 
 
+def test_bf16_log_prob_pass_casts_each_weight_once_and_changes_no_log_prob(local_worker_factory):
+    """The reference pass in bf16 casts each frozen weight once (autocast's cache), not once per
+    forward call, gives bit-identical log-probs, and leaves the reference frozen, even after an error."""
+    from tests._fixtures.weight_casts import WeightCasts
+
+    w = local_worker_factory(WorkerSpec(model_name=MODEL, micro_batch_size=2, compute_dtype="bfloat16"))
+    batch = grouped_batch()
+
+    with WeightCasts(w.ref_model) as once:
+        ref = w.compute_ref_log_prob(batch).batch["ref_log_prob"]
+    with WeightCasts(w.ref_model) as per_call, torch.no_grad():  # what each forward did on its own before
+        expected = torch.cat([w._forward_logprobs(w.ref_model, batch, slice(i, i + 2), with_entropy=False)[0]
+                              for i in range(0, 6, 2)])
+    assert torch.equal(ref, expected)
+    assert set(once.count) == once.weights and set(once.count.values()) == {1}
+    assert min(per_call.count.values()) >= 4  # 3 micro-batches, the first with its shared prompt: 2 calls
+    assert not any(p.requires_grad for p in w.ref_model.parameters())
+    with pytest.raises(KeyError), torch.no_grad(), w._weights_cast_once(w.ref_model):
+        raise KeyError("a failing forward")
+    assert not any(p.requires_grad for p in w.ref_model.parameters())
+    with pytest.raises(RuntimeError, match="torch.no_grad"), w._weights_cast_once(w.ref_model):
+        pass
+
+
+def test_bf16_update_with_weights_cast_once_moves_the_weights_exactly_as_before(local_worker_factory):
+    """Two mini-batches in one update_actor call, bf16: the weights end bit-identical to an update
+    whose every micro-batch casts the weights itself. A cast cached across the optimizer step would
+    give the second mini-batch the first one's weights and fail this."""
+    import contextlib
+
+    spec = WorkerSpec(model_name=MODEL, lr=1e-3, warmup_steps=0, micro_batch_size=2, compute_dtype="bfloat16")
+    ends = []
+    for cast_per_call in (False, True):
+        w = local_worker_factory(spec)
+        if cast_per_call:
+            w._weights_cast_once = lambda model: contextlib.nullcontext()
+        batch = with_targets(w, grouped_batch(), [1.0, -1.0, 0.5, 2.0, -2.0, 0.25])
+        batch.meta_info["n_mini_batches"] = 2
+        w.update_actor(batch)
+        ends.append(torch.cat([p.detach().reshape(-1).clone() for p in w.params]))
+    start = torch.cat([p.detach().reshape(-1) for p in local_worker_factory(spec).params])
+    assert not torch.equal(ends[0], start)
+    assert torch.equal(ends[0], ends[1])
+
+
 def test_reported_entropy_row_by_row_equals_the_entropy_in_the_loss(local_worker_factory):
     """The report-only entropy (entropy_coef 0) is computed row by row under no_grad to bound its
     softmax temporaries; it must equal the batched entropy that joins the loss, and softmax's."""
