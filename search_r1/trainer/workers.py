@@ -279,16 +279,16 @@ class PolicyWorker(Worker):
         without this the policy's weights are cast once per micro-batch and the reference's (frozen:
         never cached) once per forward call, twice per micro-batch on the shared-prompt path. In a
         no-grad pass the frozen weights are marked as requiring grad for its duration (no graph is
-        built under no_grad), which puts them in the cache too. A cast rounds the same whenever it
+        built under no_grad), which puts them in the cache too; with grad enabled frozen weights stay
+        frozen (and are cast per call, as before). A cast rounds the same whenever it
         runs, so log-probs and gradients are unchanged. The weights must not change inside: the
         optimizer steps after the context has closed (closing it drops the cached copies).
         """
         if self.spec.compute_dtype != "bfloat16":
             yield
             return
-        frozen = [p for p in model.parameters() if not p.requires_grad]
-        if frozen and torch.is_grad_enabled():
-            raise RuntimeError("_weights_cast_once marks frozen weights as trainable: use it under torch.no_grad()")
+        # with grad enabled a frozen weight marked trainable would get a gradient
+        frozen = [] if torch.is_grad_enabled() else [p for p in model.parameters() if not p.requires_grad]
         try:
             for p in frozen:
                 p.requires_grad_(True)
