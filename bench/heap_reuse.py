@@ -1,15 +1,16 @@
-"""A GRPO step's phases in a trainer worker that keeps freed memory (`WorkerSpec.own_process`,
-`reuse_freed_memory`) against glibc's default and a trim after each phase (a benchmark, not a test).
+"""A GRPO step's phases in a trainer worker that reuses freed memory within a pass
+(`WorkerSpec.own_process`, `reuse_freed_memory`) against glibc's default (a benchmark, not a test).
 
-    python bench/heap_reuse.py                      # the demo's shape and dtype choice, bf16
+    python bench/heap_reuse.py                      # the demo's shape, bf16
     python bench/heap_reuse.py --dtype float32 --rounds 3
 
-glibc gives each allocation above 32 MiB its own mmap and unmaps it on free, and the worker used to
-return all freed memory to the OS after each rollout and update (`release_memory`), so every
-micro-batch's logits and the tied embedding's gradient arrived as fresh pages the kernel must fault
-in and zero. A trainer worker now keeps them (`create_worker_group` sets `own_process`). glibc's
-settings cannot be switched back within a process, so each round runs one child process per
-setting, alternating (default, reuse, default, reuse, ...): machine drift hits both.
+glibc gives each allocation above 32 MiB its own mmap and unmaps it on free, so every micro-batch's
+logits and the tied embedding's gradient arrive as fresh pages the kernel must fault in and zero. A
+trainer worker (`create_worker_group` sets `own_process`) turns that off, so a pass reuses what its
+last micro-batch freed; both settings still return freed memory to the OS after each rollout and
+update (`release_memory`). glibc's settings cannot be switched back within a process, so each round
+runs one child process per setting, alternating (default, reuse, default, reuse, ...): machine drift
+hits both.
 
 Each child builds a PolicyWorker (SmolLM2-135M-Instruct, `--threads` torch threads) and times, after
 one warm-up step, `--steps` steps of the worker's three phases as the trainer calls them:
@@ -78,8 +79,7 @@ def child(args) -> dict:
     from shared_prompt_forward import make_batch
     from search_r1.trainer.workers import PolicyWorker, WorkerSpec
 
-    # own_process: what create_worker_group gives every trainer worker (reuse_freed_memory at init,
-    # freed memory kept between phases); without it the worker hands memory back after each phase
+    # own_process: what create_worker_group gives every trainer worker (reuse_freed_memory at init)
     w = PolicyWorker(WorkerSpec(model_name=args.model, compute_dtype=args.dtype, rollout_dtype=args.dtype,
                                 threads=args.threads, micro_batch_size=args.micro_batch_size,
                                 entropy_coef=0.0, gen_batch_size=args.groups * args.n,
