@@ -1,13 +1,13 @@
 """A GRPO step's phases in a trainer worker that reuses freed memory within a pass
-(`WorkerSpec.own_process`, `reuse_freed_memory`) against glibc's default (a benchmark, not a test).
+(`trainer.reuse_freed_memory=true`) against glibc's default (a benchmark, not a test).
 
     python bench/heap_reuse.py                      # the demo's shape, bf16
     python bench/heap_reuse.py --dtype float32 --rounds 3
 
 glibc gives each allocation above 32 MiB its own mmap and unmaps it on free, so every micro-batch's
-logits and the tied embedding's gradient arrive as fresh pages the kernel must fault in and zero. A
-trainer worker (`create_worker_group` sets `own_process`) turns that off, so a pass reuses what its
-last micro-batch freed; both settings still return freed memory to the OS after each rollout and
+logits and the tied embedding's gradient arrive as fresh pages the kernel must fault in and zero.
+`WorkerSpec.reuse_freed_memory` (`trainer.reuse_freed_memory`) turns that off, so a pass reuses what
+its last micro-batch freed; both settings still return freed memory to the OS after each rollout and
 update (`release_memory`). glibc's settings cannot be switched back within a process, so each round
 runs one child process per setting, alternating (default, reuse, default, reuse, ...): machine drift
 hits both.
@@ -79,11 +79,11 @@ def child(args) -> dict:
     from shared_prompt_forward import make_batch
     from search_r1.trainer.workers import PolicyWorker, WorkerSpec
 
-    # own_process: what create_worker_group gives every trainer worker (reuse_freed_memory at init)
+    # reuse_freed_memory: what trainer.reuse_freed_memory=true gives every trainer worker
     w = PolicyWorker(WorkerSpec(model_name=args.model, compute_dtype=args.dtype, rollout_dtype=args.dtype,
                                 threads=args.threads, micro_batch_size=args.micro_batch_size,
                                 entropy_coef=0.0, gen_batch_size=args.groups * args.n,
-                                own_process=args.child == "reuse"))
+                                reuse_freed_memory=args.child == "reuse"))
     w.init_model()
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 40000, (args.prompt_len,), generator=g).tolist()

@@ -87,9 +87,10 @@ class WorkerSpec:
     skip_zero_advantage: bool = False
     # weight of the supervised anchor's NLL in every update (algorithm.anchor_coef; `set_anchor`)
     anchor_coef: float = 0.0
-    # the worker has its process to itself (a Ray actor, `create_worker_group`): within a rollout or
-    # an update, freed memory stays in it for the next micro-batch (`reuse_freed_memory`)
-    own_process: bool = False
+    # glibc keeps freed memory in this worker's process for the next micro-batch of a rollout or update
+    # (`models.reuse_freed_memory`; trainer.reuse_freed_memory). Process-wide: for a worker that has
+    # its process to itself (a Ray actor), never one built in a caller's process
+    reuse_freed_memory: bool = False
 
 
 def arrange_for_dp(batch: DataProto, n_mini_batches: int, world_size: int) -> DataProto:
@@ -219,11 +220,10 @@ class PolicyWorker(Worker):
         spec = self.spec
         torch.set_num_threads(spec.threads)
         torch.manual_seed(spec.seed)
-        if spec.own_process:  # glibc's settings are process-wide: never in a caller's process
-            # Micro-batches reuse the last one's freed logits and gradient buffers instead of
-            # faulting fresh pages in (bench/heap_reuse.py); release_memory still returns them to
-            # the OS after each rollout and update, which bounds the heap's fragmentation: kept
-            # across phases, the worker's RSS grew by ~0.13 GiB a step in a demo run.
+        if spec.reuse_freed_memory:
+            # Micro-batches take the last one's freed logits and gradient buffers instead of faulting
+            # fresh pages in (bench/heap_reuse.py); release_memory still returns them to the OS after
+            # each rollout and update: kept across phases, the worker's RSS grew ~0.13 GiB a step.
             reuse_freed_memory()
         if spec.rollout_is not in ("none", "token", "sequence"):
             raise ValueError(f"WorkerSpec.rollout_is={spec.rollout_is!r}; valid: none, token, sequence")
@@ -703,7 +703,7 @@ def create_worker_group(spec: WorkerSpec, n_workers: int):
     from verl.utils.device import get_device_name
 
     pool = RayResourcePool(process_on_nodes=[n_workers], use_gpu=False, max_colocate_count=1)
-    cls = RayClassWithInitArgs(cls=ray.remote(PolicyWorker), spec=dataclasses.replace(spec, own_process=True))
+    cls = RayClassWithInitArgs(cls=ray.remote(PolicyWorker), spec=spec)
     # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning. On a machine shared
     # with other work, spinning threads of a 2-thread worker waste their time slices waiting for a
     # descheduled sibling; measured 8x slower decoding under load with the default policy.

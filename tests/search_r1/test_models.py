@@ -163,39 +163,15 @@ def test_gguf_file_path_converts_into_its_own_cache_dir(tmp_path, monkeypatch):
     assert "Paris" in tok.decode(out.token_ids)
 
 
-_MEMORY_KEPT_AFTER_FREE = r"""
-import os, sys, torch
-from search_r1.models import release_memory, reuse_freed_memory
-if sys.argv[1] == "reuse":
-    assert reuse_freed_memory()
-
-def rss_mb():
-    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
-
-start = rss_mb()
-torch.ones(25_000_000).sum()  # 100 MB touched and freed (a micro-batch's fp32 logits are 98 MB)
-after_free = rss_mb()
-release_memory()
-print(after_free - start, rss_mb() - start)
-"""
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_reuse_freed_memory_keeps_a_freed_buffer_until_release_memory():
     """glibc maps every allocation above 32 MiB on its own and unmaps it on free, so the next buffer
     is faulted in and zeroed page by page again; with reuse_freed_memory a freed 100 MB buffer stays
     in the process for the next one, and release_memory still hands it back."""
-    import subprocess
+    from tests._fixtures.memory_kept import memory_kept
 
-    def rss_growth(mode):
-        root = str(Path(models.__file__).resolve().parents[1])  # this checkout, not an installed copy
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": root}
-        out = subprocess.run([sys.executable, "-c", _MEMORY_KEPT_AFTER_FREE, mode], capture_output=True,
-                             text=True, check=True, env=env)
-        return [float(x) for x in out.stdout.split()]
-
-    kept, _ = rss_growth("default")
+    kept, _ = memory_kept("default")
     assert kept < 20, kept  # unmapped at free
-    kept, after_release = rss_growth("reuse")
+    kept, after_release = memory_kept("reuse")
     assert kept > 90, kept
     assert after_release < 20, after_release

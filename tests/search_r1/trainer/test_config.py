@@ -1,5 +1,6 @@
 """Trainer config: every shipped YAML validates, code defaults equal the YAML, and bad values fail
 fast with a message naming the key, the value, the allowed values and the fix."""
+import sys
 from pathlib import Path
 
 import pytest
@@ -234,3 +235,16 @@ def test_retriever_requests_do_not_log_at_info(retriever_server, caplog):
     finally:
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+def test_reuse_freed_memory_is_off_by_default_and_reaches_the_worker():
+    """trainer.reuse_freed_memory -> WorkerSpec -> glibc's settings in the worker's process."""
+    from search_r1.trainer.main import worker_spec
+    from tests._fixtures.memory_kept import memory_kept
+
+    assert not worker_spec(TrainConfig.from_dict(load("grpo_cpu"))).reuse_freed_memory
+    assert worker_spec(TrainConfig.from_dict(load("grpo_cpu", ["trainer.reuse_freed_memory=true"]))).reuse_freed_memory
+    if sys.platform.startswith("linux"):
+        assert memory_kept("worker-off")[0] < 20
+        kept, after_release = memory_kept("worker")
+        assert kept > 90 and after_release < 20, (kept, after_release)
