@@ -18,9 +18,10 @@ one warm-up step, `--steps` steps of the worker's three phases as the trainer ca
              `--max-tokens` new tokens at temperature 1 (fixed seed: both settings sample the same)
     ref      compute_ref_log_prob over a batch of the demo's shape (bench/shared_prompt_forward.py)
     update   update_actor over it (one mini-batch, micro-batch `--micro-batch-size`)
-and prints per phase the median wall seconds, system CPU seconds and minor page faults, then the
-default / reuse ratio of the medians over all rounds, and each process's peak RSS. Log-probs must match to the bit (checked and
-printed). Run it on an idle machine and write the CPU kind beside the figures.
+and prints per phase the median wall seconds, system CPU seconds and minor page faults, the default /
+reuse ratio of the medians over all rounds, and each process's peak RSS. Samples, reference log-probs
+and updated weights must match to the bit in every step and setting (checked and printed; exit 1 if
+not). Run it on an idle machine and write the CPU kind beside the figures.
 """
 from __future__ import annotations
 
