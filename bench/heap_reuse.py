@@ -70,22 +70,19 @@ def _usage():
 def child(args) -> dict:
     """One setting in this process: per-phase [wall s, sys s, faults] for each timed step."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.update(WORLD_SIZE="1", RANK="0", MASTER_ADDR="127.0.0.1", WG_BACKEND="ray")
-    from retriever_server.launcher import free_port
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
     import numpy as np
     import torch
     from verl import DataProto
 
+    from rollout_mismatch import local_worker
     from shared_prompt_forward import make_batch
-    from search_r1.trainer.workers import PolicyWorker, WorkerSpec
+    from search_r1.trainer.workers import WorkerSpec
 
     # reuse_freed_memory: what trainer.reuse_freed_memory=true gives every trainer worker
-    w = PolicyWorker(WorkerSpec(model_name=args.model, compute_dtype=args.dtype, rollout_dtype=args.dtype,
+    w = local_worker(WorkerSpec(model_name=args.model, compute_dtype=args.dtype, rollout_dtype=args.dtype,
                                 threads=args.threads, micro_batch_size=args.micro_batch_size,
                                 entropy_coef=0.0, gen_batch_size=args.groups * args.n,
                                 reuse_freed_memory=args.child == "reuse"))
-    w.init_model()
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 40000, (args.prompt_len,), generator=g).tolist()
                for _ in range(args.groups)] * args.n

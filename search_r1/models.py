@@ -341,17 +341,26 @@ def _hub_cache_dir(name: str) -> str:
                      "directory or GGUF file (downloading from a hub is disabled here).")
 
 
+def _glibc():
+    """The C library if it is glibc (malloc_trim, mallopt), else None."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    except OSError:
+        return None
+
+
 def release_memory() -> None:
     """Collect garbage and return freed heap pages to the OS (glibc keeps them otherwise, so RSS
     would stay at the peak of the last rollout, update or warm-start)."""
-    import ctypes
     import gc
 
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
+    libc = _glibc()
+    if libc is not None:  # not glibc: nothing to do
+        libc.malloc_trim(0)
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameter numbers (malloc.h)
@@ -367,13 +376,10 @@ def reuse_freed_memory() -> bool:
     allocation. Numbers are unchanged (only where the memory comes from); RSS stays near the
     process's peak until `release_memory`. Returns False where this is not glibc (nothing changed).
     """
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+    libc = _glibc()
+    if libc is None:
         return False
-    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+    return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
 
 
 def state_dict_sha256(model) -> str:

@@ -23,19 +23,20 @@ def memory_kept(mode: str) -> list[float]:
     return [float(x) for x in out.stdout.split()[-2:]]
 
 
-def rss_mb() -> float:
-    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
-
-
 def main(mode: str) -> None:
     import torch
 
     from search_r1.models import release_memory, reuse_freed_memory
+    from search_r1.net import free_port
+    from search_r1.procmem import tree_memory
+
+    def rss_mb() -> float:
+        return tree_memory(os.getpid(), "rss") / 1e6
 
     if mode == "reuse":
         assert reuse_freed_memory()
     elif mode in ("worker", "worker-off"):
-        os.environ.update(WORLD_SIZE="1", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29999", WG_BACKEND="ray")
+        os.environ.update(WORLD_SIZE="1", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WG_BACKEND="ray")
         from search_r1.trainer.workers import PolicyWorker, WorkerSpec
 
         PolicyWorker(WorkerSpec(model_name="tiny-random-qwen3", reuse_freed_memory=mode == "worker")).init_model()
