@@ -75,7 +75,7 @@ def child(args) -> dict:
     from verl import DataProto
 
     from rollout_mismatch import local_worker
-    from shared_prompt_forward import make_batch
+    from shared_prompt_forward import update_batch
     from search_r1.trainer.workers import WorkerSpec
 
     # reuse_freed_memory: what trainer.reuse_freed_memory=true gives every trainer worker
@@ -88,11 +88,7 @@ def child(args) -> dict:
                for _ in range(args.groups)] * args.n
     gen = DataProto.from_dict(non_tensors={"prompt_ids": np.array(prompts + [[]], dtype=object)[:-1]},
                               meta_info={"sampling": {"max_tokens": args.max_tokens, "temperature": 1.0, "seed": 7}})
-    batch = make_batch(args.groups, args.n, args.prompt_len, args.response_len)
-    batch.batch["old_log_probs"] = w.compute_log_prob(batch).batch["old_log_probs"]
-    batch.batch["rollout_log_probs"] = batch.batch["old_log_probs"].clone()
-    adv = torch.tensor([(-1.0) ** i for i in range(len(batch))])
-    batch.batch["advantages"] = adv[:, None] * batch.batch["response_mask"]
+    batch = update_batch(w, args.groups, args.n, args.prompt_len, args.response_len)
     batch.meta_info.update(n_mini_batches=1, old_is_current=True)
     state = {k: v.clone() for k, v in w.model.state_dict().items()}
     opt_state = w.optimizer.state_dict()
@@ -116,7 +112,6 @@ def child(args) -> dict:
         out["checksum"] = tuple(out["checksum"])
         return out
 
-    batch.batch["ref_log_prob"] = batch.batch["old_log_probs"].clone()
     phases()  # warm-up: first-touch costs, lazily built generator
     steps = []
     for _ in range(args.steps):

@@ -76,6 +76,20 @@ def make_batch(groups: int, n: int, prompt_len: int, response_len: int, seed: in
     return batch
 
 
+def update_batch(w, groups: int, n: int, prompt_len: int, response_len: int):
+    """`make_batch` with what update_actor reads: old, reference and rollout log-probs (all the worker's
+    current log-probs) and advantages of alternating sign."""
+    import torch
+
+    batch = make_batch(groups, n, prompt_len, response_len)
+    batch.batch["old_log_probs"] = w.compute_log_prob(batch).batch["old_log_probs"]
+    batch.batch["ref_log_prob"] = batch.batch["old_log_probs"].clone()
+    batch.batch["rollout_log_probs"] = batch.batch["old_log_probs"].clone()
+    adv = torch.tensor([(-1.0) ** i for i in range(len(batch))])
+    batch.batch["advantages"] = adv[:, None] * batch.batch["response_mask"]
+    return batch
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -92,12 +106,7 @@ def main(argv=None) -> int:
     spec = WorkerSpec(model_name=args.model, compute_dtype=args.dtype, threads=args.threads)
     w = PolicyWorker(spec)
     w.init_model()
-    batch = make_batch(args.groups, args.n, args.prompt_len, args.response_len)
-    batch.batch["old_log_probs"] = w.compute_log_prob(batch).batch["old_log_probs"]
-    batch.batch["ref_log_prob"] = batch.batch["old_log_probs"].clone()
-    batch.batch["rollout_log_probs"] = batch.batch["old_log_probs"].clone()
-    adv = torch.tensor([(-1.0) ** i for i in range(len(batch))])
-    batch.batch["advantages"] = adv[:, None] * batch.batch["response_mask"]
+    batch = update_batch(w, args.groups, args.n, args.prompt_len, args.response_len)
     norm = float(batch.batch["response_mask"].sum())
     real_shared = workers.shared_prompt_rows
 

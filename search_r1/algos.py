@@ -54,13 +54,56 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return masked_sum(x, mask, dim) / denom.clamp_min(1e-8)
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+def entropy_from_logits(logits: torch.Tensor, lse: torch.Tensor | None = None) -> torch.Tensor:
     """Entropy of softmax(logits): H = logsumexp(z) - sum(softmax(z) * z).
 
-    Shapes: (..., V) -> (...). Numerically stable for large logits (no log of a softmax).
+    Shapes: (..., V) -> (...). Numerically stable for large logits (no log of a softmax). With `lse`
+    (..., the logsumexp of these logits, e.g. from `token_log_probs`) it is not computed again and
+    softmax(z) is exp(z - lse): one (..., V) temporary; for reports, as it is not differentiated
+    through `lse`.
     """
-    p = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (p * logits).sum(dim=-1)
+    if lse is None:
+        p = torch.softmax(logits, dim=-1)
+        return torch.logsumexp(logits, dim=-1) - (p * logits).sum(dim=-1)
+    p = (logits - lse.unsqueeze(-1)).exp_()
+    return lse - p.mul_(logits).sum(dim=-1)
+
+
+class _TokenLogProb(torch.autograd.Function):
+    """log softmax(z)[target] whose backward builds one (..., V) tensor in place:
+    d/dz = g * (onehot(target) - exp(z - lse)). Autograd's gather-minus-logsumexp graph computes the
+    same products and sums (bit for bit) through five (..., V) temporaries: the difference, its exp,
+    the product, the gather's zero-filled scatter and the sum."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor):
+        lse = torch.logsumexp(logits, dim=-1)
+        logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.mark_non_differentiable(lse)
+        return logp, lse
+
+    @staticmethod
+    def backward(ctx, grad_logp: torch.Tensor, _grad_lse: torch.Tensor | None):
+        logits, targets, lse = ctx.saved_tensors
+        grad = (logits - lse.unsqueeze(-1)).exp_()  # softmax(z)
+        grad.mul_(-grad_logp.unsqueeze(-1))  # the logsumexp branch: -g * softmax, as autograd orders it
+        grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))  # the gather branch: + g
+        return grad, None
+
+
+def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(logits)[targets] and logsumexp(logits), differentiable in `logits` (the first).
+
+        logp = z[target] - logsumexp(z)        grad_z = g * (onehot(target) - softmax(z))
+
+    Shapes: logits (..., V) float, targets (...) int64 -> logp (...), lse (...) (no gradient; pass
+    it to `entropy_from_logits` for a report). Same numbers and gradients as
+    `z.gather(-1, t[..., None])[..., 0] - z.logsumexp(-1)`, with a backward that allocates one (..., V)
+    tensor instead of five: at a policy's vocabulary (49k) the log-prob's backward is a large share of
+    an update on CPU (bench/token_log_probs.py).
+    """
+    return _TokenLogProb.apply(logits, targets)
 
 
 # --------------------------------------------------------------------------- advantages

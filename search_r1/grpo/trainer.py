@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from search_r1.algos import agg_loss, compute_grpo_advantages, k3_kl, ppo_clip_loss
+from search_r1.algos import agg_loss, compute_grpo_advantages, k3_kl, ppo_clip_loss, token_log_probs
 from search_r1.grpo.config import SearchR1Config
 from search_r1.grpo.data import synthetic_knowledge_base
 from search_r1.grpo.records import TokenStep, Trajectory
@@ -373,7 +373,7 @@ class GRPOTrainer:
                 if cfg.temperature > 0:
                     z = filtered_logits(z, cfg.temperature, cfg.top_p, cfg.top_k)  # sampled tokens stay finite
                 target = ids[r, P + k]  # (n_i,)
-                out[i] = z.gather(-1, target[:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
+                out[i] = token_log_probs(z, target)[0]
         return out
 
     def _with_oom_halving(self, fn):

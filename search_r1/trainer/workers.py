@@ -44,6 +44,7 @@ from verl import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
+from search_r1.algos import entropy_from_logits, token_log_probs
 from search_r1.models import release_memory, reuse_freed_memory
 from search_r1.rollout.backends import GenOutput, SamplingParams
 from search_r1.rollout.tensor_helper import shared_prompt_rows
@@ -371,15 +372,14 @@ class PolicyWorker(Worker):
         if self.spec.temperature != 1.0:  # x / 1.0 is x: skip a (m, r_eff, V) copy
             logits = logits / self.spec.temperature
         targets = ids[:, P:e]  # (m, r_eff)
-        logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        logp, lse = token_log_probs(logits, targets)  # (m, r_eff) each
         ent = None
         if with_entropy:
-            from search_r1.algos import entropy_from_logits
             if entropy_grad and torch.is_grad_enabled():
                 ent = entropy_from_logits(logits)  # (m, r_eff)
-            else:  # a report only: row by row, so its softmax temporaries are (r_eff, V), not (m, r_eff, V)
+            else:  # a report only: row by row, so its temporary is (r_eff, V), not (m, r_eff, V)
                 with torch.no_grad():
-                    ent = torch.stack([entropy_from_logits(row) for row in logits])
+                    ent = torch.stack([entropy_from_logits(row, row_lse) for row, row_lse in zip(logits, lse)])
         pad = R - r_eff
         if pad:
             logp = torch.nn.functional.pad(logp, (0, pad))
