@@ -349,6 +349,11 @@ class TrainerConfig:
     # the worker's peak inside updates rose 5.95 -> 7.05 GiB with it (5.56 -> 6.27 GiB without), and
     # how far it grows over a long run is not measured.
     reuse_freed_memory: bool = False
+    # How the workers' idle OpenMP threads wait between parallel regions: 0 = sleep at once
+    # (OMP_WAIT_POLICY=PASSIVE), safe when other processes share the cores; N > 0 = spin N times first
+    # (GOMP_SPINCOUNT), 1.3-1.55x faster sampling and passes on an otherwise idle machine at N = 10000,
+    # 1.55-1.8x slower than 0 when another process holds a core (workers.worker_env; README Benchmarks).
+    omp_spincount: int = 0
     # Seed of data order, sampling and model init.
     seed: int = 0
     # Run directory: metrics.jsonl, TensorBoard events, plot, checkpoints.
@@ -375,7 +380,7 @@ class TrainerConfig:
                     "val_batch_size", "keep_last", "n_workers", "threads_per_worker", "alarm_window"):
             _check_range(f"trainer.{key}", getattr(self, key), 1)
         _check_range("trainer.kl_alarm", self.kl_alarm, 0.0)
-        for key in ("test_freq", "save_freq"):
+        for key in ("test_freq", "save_freq", "omp_spincount"):
             _check_range(f"trainer.{key}", getattr(self, key), 0)
         if self.batch_size % self.mini_batch_size:
             raise _fail("trainer.batch_size", self.batch_size,

@@ -92,6 +92,9 @@ class WorkerSpec:
     # (`models.reuse_freed_memory`; trainer.reuse_freed_memory). Process-wide: for a worker that has
     # its process to itself (a Ray actor), never one built in a caller's process
     reuse_freed_memory: bool = False
+    # 0: this worker's OpenMP threads sleep as soon as a parallel region ends (OMP_WAIT_POLICY=PASSIVE);
+    # N > 0: they spin N times first (GOMP_SPINCOUNT; trainer.omp_spincount). See `worker_env`.
+    omp_spincount: int = 0
 
 
 def arrange_for_dp(batch: DataProto, n_mini_batches: int, world_size: int) -> DataProto:
@@ -692,6 +695,27 @@ class WorkerGroupGenerator:
         return results
 
 
+def worker_env(spec: WorkerSpec) -> dict[str, str]:
+    """Environment variables of a worker actor: its thread counts and how its idle OpenMP threads wait.
+
+    Between two parallel regions (thousands per forward pass) torch's OpenMP threads (GNU libgomp)
+    either spin or sleep. Sleeping at once (OMP_WAIT_POLICY=PASSIVE, spec.omp_spincount 0, the
+    default) costs a wake-up per region: on an idle 2-core Xeon a demo-shaped bf16 worker sampled
+    1.65x, scored 1.5x and updated 1.3x slower than with libgomp's default spinning. But spinning
+    threads waste their time slices when another process holds a core: with one busy process beside
+    it the default spinning ran those phases 12-17x slower, PASSIVE 1.0-1.2x. A bounded spin
+    (GOMP_SPINCOUNT=N, OMP_WAIT_POLICY unset) sits between: N = 10,000 was 1.0-1.1x of spinning idle
+    and 1.55-1.8x of PASSIVE under load. (README, Benchmarks: "How a worker's OpenMP threads wait".)
+    """
+    env = {"OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads),
+           "TOKENIZERS_PARALLELISM": "false"}
+    if spec.omp_spincount > 0:
+        env["GOMP_SPINCOUNT"] = str(spec.omp_spincount)
+    else:
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    return env
+
+
 def create_worker_group(spec: WorkerSpec, n_workers: int):
     """Start `n_workers` PolicyWorker actors on CPU (Ray must be initialised); returns (group, pool).
 
@@ -704,14 +728,10 @@ def create_worker_group(spec: WorkerSpec, n_workers: int):
 
     pool = RayResourcePool(process_on_nodes=[n_workers], use_gpu=False, max_colocate_count=1)
     cls = RayClassWithInitArgs(cls=ray.remote(PolicyWorker), spec=spec)
-    # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning. On a machine shared
-    # with other work, spinning threads of a 2-thread worker waste their time slices waiting for a
-    # descheduled sibling; measured 8x slower decoding under load with the default policy.
-    env = {"OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads),
-           "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
     # The platform verl resolved here (verl_ext/cpu's "cpu" on a CPU-only torch): the group's default
     # "cuda" would log a device mismatch when placing the workers.
-    group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls, worker_env=env, device_name=get_device_name())
+    group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls, worker_env=worker_env(spec),
+                           device_name=get_device_name())
     group.init_model()
     return group, pool
 
