@@ -349,11 +349,11 @@ class TrainerConfig:
     # the worker's peak inside updates rose 5.95 -> 7.05 GiB with it (5.56 -> 6.27 GiB without), and
     # how far it grows over a long run is not measured.
     reuse_freed_memory: bool = False
-    # How the workers' idle OpenMP threads wait between parallel regions: 0 = sleep at once
-    # (OMP_WAIT_POLICY=PASSIVE), safe when other processes share the cores; N > 0 = spin N times first
-    # (GOMP_SPINCOUNT), 1.3-1.55x faster sampling and passes on an otherwise idle machine at N = 10000,
-    # 1.55-1.8x slower than 0 when another process holds a core (workers.worker_env; README Benchmarks).
-    omp_spincount: int = 0
+    # How the workers' idle OpenMP threads wait between parallel regions: N > 0 = spin N times, then
+    # sleep (GOMP_SPINCOUNT); 0 = sleep at once (OMP_WAIT_POLICY=PASSIVE). 10000 against 0: sampling
+    # and passes 1.3-1.5x faster on an otherwise idle machine, 1.55-1.8x slower beside another busy
+    # process; set 0 where other work keeps the cores busy (workers.worker_env; README Benchmarks).
+    omp_spincount: int = 10000
     # Seed of data order, sampling and model init.
     seed: int = 0
     # Run directory: metrics.jsonl, TensorBoard events, plot, checkpoints.

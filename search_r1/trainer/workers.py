@@ -92,9 +92,10 @@ class WorkerSpec:
     # (`models.reuse_freed_memory`; trainer.reuse_freed_memory). Process-wide: for a worker that has
     # its process to itself (a Ray actor), never one built in a caller's process
     reuse_freed_memory: bool = False
-    # 0: this worker's OpenMP threads sleep as soon as a parallel region ends (OMP_WAIT_POLICY=PASSIVE);
-    # N > 0: they spin N times first (GOMP_SPINCOUNT; trainer.omp_spincount). See `worker_env`.
-    omp_spincount: int = 0
+    # N > 0: this worker's idle OpenMP threads spin N times before they sleep (GOMP_SPINCOUNT);
+    # 0: they sleep as soon as a parallel region ends (OMP_WAIT_POLICY=PASSIVE). trainer.omp_spincount;
+    # see `worker_env`.
+    omp_spincount: int = 10000
 
 
 def arrange_for_dp(batch: DataProto, n_mini_batches: int, world_size: int) -> DataProto:
@@ -699,13 +700,14 @@ def worker_env(spec: WorkerSpec) -> dict[str, str]:
     """Environment variables of a worker actor: its thread counts and how its idle OpenMP threads wait.
 
     Between two parallel regions (thousands per forward pass) torch's OpenMP threads (GNU libgomp)
-    either spin or sleep. Sleeping at once (OMP_WAIT_POLICY=PASSIVE, spec.omp_spincount 0, the
-    default) costs a wake-up per region: on an idle 2-core Xeon a demo-shaped bf16 worker sampled
-    1.65x, scored 1.5x and updated 1.3x slower than with libgomp's default spinning. But spinning
-    threads waste their time slices when another process holds a core: with one busy process beside
-    it the default spinning ran those phases 12-17x slower, PASSIVE 1.0-1.2x. A bounded spin
-    (GOMP_SPINCOUNT=N, OMP_WAIT_POLICY unset) sits between: N = 10,000 was 1.0-1.1x of spinning idle
-    and 1.55-1.8x of PASSIVE under load. (README, Benchmarks: "How a worker's OpenMP threads wait".)
+    either spin or sleep. Sleeping at once (OMP_WAIT_POLICY=PASSIVE, spec.omp_spincount 0; the
+    default until 2026-12-04) costs a wake-up per region: on an idle 2-core Xeon a demo-shaped bf16
+    worker sampled 1.6x, scored 1.5x and updated 1.3x slower than with libgomp's default spinning.
+    Unbounded spinning wastes time slices when another process holds a core: with one busy process
+    beside it libgomp's default ran those phases 12-21x slower than idle, PASSIVE 1.0-1.2x. The
+    default, a bounded spin (GOMP_SPINCOUNT=10000, OMP_WAIT_POLICY unset), was within 1.0-1.1x of
+    spinning idle and 1.55-1.8x of PASSIVE under load (bench/omp_wait.py; README, Benchmarks, "How a
+    worker's OpenMP threads wait"). Set 0 on a machine other work keeps busy.
     """
     env = {"OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads),
            "TOKENIZERS_PARALLELISM": "false"}

@@ -251,15 +251,15 @@ def test_reuse_freed_memory_is_off_by_default_and_reaches_the_worker():
 
 
 def test_omp_spincount_reaches_the_worker_env():
-    """trainer.omp_spincount -> WorkerSpec -> the actors' environment: 0 (the default) sleeps at once,
-    N > 0 spins N times (GOMP_SPINCOUNT) and must not also set PASSIVE, which would override it."""
+    """trainer.omp_spincount -> WorkerSpec -> the actors' environment: N > 0 (10000 by default) spins
+    N times (GOMP_SPINCOUNT) and must not also set PASSIVE, which would override it; 0 sleeps at once."""
     from search_r1.trainer.main import worker_spec
     from search_r1.trainer.workers import worker_env
 
     env = worker_env(worker_spec(TrainConfig.from_dict(load("grpo_cpu"))))
-    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in env
-    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2"
-    env = worker_env(worker_spec(TrainConfig.from_dict(load("grpo_cpu", ["trainer.omp_spincount=10000"]))))
     assert env["GOMP_SPINCOUNT"] == "10000" and "OMP_WAIT_POLICY" not in env
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2"
+    env = worker_env(worker_spec(TrainConfig.from_dict(load("grpo_cpu", ["trainer.omp_spincount=0"]))))
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in env
     with pytest.raises(ValueError, match="trainer.omp_spincount"):
         TrainConfig.from_dict(load("grpo_cpu", ["trainer.omp_spincount=-1"]))
