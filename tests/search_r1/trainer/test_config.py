@@ -252,7 +252,7 @@ def test_reuse_freed_memory_is_off_by_default_and_reaches_the_worker():
 
 def test_omp_spincount_reaches_the_worker_env():
     """trainer.omp_spincount -> WorkerSpec -> the actors' environment: N > 0 (10000 by default) spins
-    N times (GOMP_SPINCOUNT) and must not also set PASSIVE, which would override it; 0 sleeps at once."""
+    N times (GOMP_SPINCOUNT) without also naming PASSIVE (the opposite policy); 0 sleeps at once."""
     from search_r1.trainer.main import worker_spec
     from search_r1.trainer.workers import worker_env
 
