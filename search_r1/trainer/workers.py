@@ -44,7 +44,8 @@ from verl import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
-from search_r1.algos import entropy_from_logits, token_log_probs
+from search_r1.algos import (agg_loss, entropy_from_logits, get_kl_estimator, ppo_clip_loss, rollout_mismatch_sums,
+                             token_log_probs, truncated_is_weights)
 from search_r1.models import release_memory, reuse_freed_memory
 from search_r1.rollout.backends import GenOutput, SamplingParams
 from search_r1.rollout.tensor_helper import shared_prompt_rows
@@ -513,9 +514,6 @@ class PolicyWorker(Worker):
         `norm` is the global aggregation denominator, so the summed micro-batch losses of all ranks
         equal the loss of the global mini-batch. Returns this rank's `UpdateStats`.
         """
-        from search_r1.algos import (agg_loss, get_kl_estimator, ppo_clip_loss, rollout_mismatch_sums,
-                                     truncated_is_weights)
-
         spec = self.spec
         kl_fn = get_kl_estimator(spec.kl_type)
         mask = mb.batch["response_mask"].float()  # (n, R) 1 = generated token, 0 = observation/padding
