@@ -57,16 +57,20 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
 def entropy_from_logits(logits: torch.Tensor, lse: torch.Tensor | None = None) -> torch.Tensor:
     """Entropy of softmax(logits): H = logsumexp(z) - sum(softmax(z) * z).
 
-    Shapes: (..., V) -> (...). Numerically stable for large logits (no log of a softmax). With `lse`
-    (..., the logsumexp of these logits, e.g. from `token_log_probs`) it is not computed again and
-    softmax(z) is exp(z - lse): one (..., V) temporary; for reports, as it is not differentiated
-    through `lse`.
+    Shapes: (..., V) -> (...). Numerically stable for large logits (no log of a softmax). A -inf logit
+    (a masked token) has probability 0 and adds nothing to the sum (0 * -inf would make it NaN); a NaN
+    logit still gives NaN. With `lse` (..., the logsumexp of these logits, e.g. from
+    `token_log_probs`) it is not computed again and softmax(z) is exp(z - lse): one (..., V)
+    temporary; for reports, as it is not differentiated through `lse`.
     """
     if lse is None:
         p = torch.softmax(logits, dim=-1)
-        return torch.logsumexp(logits, dim=-1) - (p * logits).sum(dim=-1)
+        # masked before the product, not after: the product's backward would meet 0 * -inf again
+        finite_z = logits.masked_fill(torch.isneginf(logits), 0.0)
+        return torch.logsumexp(logits, dim=-1) - (p * finite_z).sum(dim=-1)
     p = (logits - lse.unsqueeze(-1)).exp_()
-    return lse - p.mul_(logits).sum(dim=-1)
+    # In place: NaN in p * z only where p is 0 and z is -inf; a NaN logit already made lse NaN.
+    return lse - p.mul_(logits).nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf")).sum(dim=-1)
 
 
 class _TokenLogProb(torch.autograd.Function):

@@ -260,12 +260,41 @@ def test_token_log_probs_is_autograd_graph_to_the_bit():
     (new * w).sum().backward()
     assert torch.equal(new, ref) and torch.equal(z_new.grad, z_ref.grad)
     assert torch.equal(lse, torch.logsumexp(z0, dim=-1))
-    # the entropy from the same lse (finite logits: 0 * -inf is NaN in either form): within float32
-    # rounding of the float64 entropy
+    # the entropy from the same lse: within float32 rounding of the float64 entropy (the -inf column
+    # is test_entropy_of_masked_logits' case)
     z0[:, :, 7] = 0.0
     e64 = A.entropy_from_logits(z0.double())
     torch.testing.assert_close(A.entropy_from_logits(z0, torch.logsumexp(z0, dim=-1)).double(), e64,
                                atol=2e-5, rtol=0)
+
+
+def test_entropy_of_masked_logits():
+    """A -inf logit (a masked token) has probability 0: the entropy, with or without a given lse, and
+    its gradient are those of the same logits without that column, not NaN (0 * -inf)."""
+    torch.manual_seed(0)
+    z = torch.randn(3, 6) * 3
+    keep = [0, 1, 3, 4]
+    masked = z.clone()
+    masked[:, [2, 5]] = float("-inf")
+    masked[1, 0] = float("-inf")  # rows masked differently
+    want = torch.stack([A.entropy_from_logits(z[0, keep]), A.entropy_from_logits(z[1, [1, 3, 4]]),
+                        A.entropy_from_logits(z[2, keep])])
+    torch.testing.assert_close(A.entropy_from_logits(masked), want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(A.entropy_from_logits(masked, torch.logsumexp(masked, dim=-1)), want,
+                               atol=1e-6, rtol=0)
+    # the differentiable form: finite gradient, 0 on masked tokens, the unmasked logits' gradient elsewhere
+    zm = masked.clone().requires_grad_()
+    A.entropy_from_logits(zm).sum().backward()
+    assert torch.isfinite(zm.grad).all()
+    assert (zm.grad[torch.isneginf(masked)] == 0).all()
+    z2 = z[2, keep].clone().requires_grad_()
+    A.entropy_from_logits(z2).backward()
+    torch.testing.assert_close(zm.grad[2, keep], z2.grad, atol=1e-6, rtol=0)
+    # a NaN logit is not hidden
+    bad = z.clone()
+    bad[0, 1] = float("nan")
+    assert torch.isnan(A.entropy_from_logits(bad, torch.logsumexp(bad, dim=-1))[0])
+    assert torch.isnan(A.entropy_from_logits(bad)[0])
 
 
 def test_kl_registry_names_the_valid_estimators():
