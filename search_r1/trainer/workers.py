@@ -706,12 +706,14 @@ def worker_env(spec: WorkerSpec) -> dict[str, str]:
     default, a bounded spin (GOMP_SPINCOUNT=10000, OMP_WAIT_POLICY unset), was within 1.0-1.1x of
     spinning idle and 1.55-1.8x of PASSIVE under load (bench/omp_wait.py; README, Benchmarks, "How a
     worker's OpenMP threads wait"). Set 0 on a machine other work keeps busy.
+
+    These variables overlay the environment the actor inherits. libgomp takes GOMP_SPINCOUNT, when
+    set, over OMP_WAIT_POLICY, so both settings name it: an inherited OMP_WAIT_POLICY or
+    GOMP_SPINCOUNT (a cluster's shell profile) cannot override the knob.
     """
     env = {"OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads),
-           "TOKENIZERS_PARALLELISM": "false"}
-    if spec.omp_spincount > 0:
-        env["GOMP_SPINCOUNT"] = str(spec.omp_spincount)
-    else:
+           "TOKENIZERS_PARALLELISM": "false", "GOMP_SPINCOUNT": str(spec.omp_spincount)}
+    if spec.omp_spincount == 0:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
     return env
 

@@ -260,6 +260,31 @@ def test_omp_spincount_reaches_the_worker_env():
     assert env["GOMP_SPINCOUNT"] == "10000" and "OMP_WAIT_POLICY" not in env
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2"
     env = worker_env(worker_spec(TrainConfig.from_dict(load("grpo_cpu", ["trainer.omp_spincount=0"]))))
-    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in env
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["GOMP_SPINCOUNT"] == "0"
     with pytest.raises(ValueError, match="trainer.omp_spincount"):
         TrainConfig.from_dict(load("grpo_cpu", ["trainer.omp_spincount=-1"]))
+
+
+@pytest.mark.parametrize("spincount, inherited, want", [
+    (10000, {"OMP_WAIT_POLICY": "PASSIVE"}, "10000"),  # a shell profile's PASSIVE does not undo the spin
+    (10000, {"OMP_WAIT_POLICY": "ACTIVE"}, "10000"),  # nor ACTIVE's 30 billion spins
+    (0, {"GOMP_SPINCOUNT": "300000"}, "0"),  # nor an inherited spin count the PASSIVE setting
+])
+def test_torch_openmp_runtime_takes_the_worker_env(spincount, inherited, want):
+    """What torch's OpenMP runtime (libgomp) resolves from worker_env laid over an inherited
+    environment, as Ray lays an actor's env_vars over its raylet's: read back with
+    OMP_DISPLAY_ENV=VERBOSE, which libgomp prints when torch loads it. Fails if torch ships another
+    OpenMP runtime (Intel's or LLVM's ignore GOMP_SPINCOUNT), where the knob would do nothing."""
+    import os
+    import re
+    import subprocess
+
+    from search_r1.trainer.workers import WorkerSpec, worker_env
+
+    env = {**os.environ, **inherited, **worker_env(WorkerSpec(model_name="m", omp_spincount=spincount)),
+           "OMP_DISPLAY_ENV": "VERBOSE"}
+    out = subprocess.run([sys.executable, "-c", "import torch; torch.ones(8).sum()"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = re.findall(r"GOMP_SPINCOUNT = '(\d+)'", out.stderr + out.stdout)
+    assert found == [want], (out.stderr + out.stdout)[-2000:]
