@@ -70,12 +70,8 @@ def _usage():
 def child(args) -> dict:
     """One setting in this process: per-phase [wall s, sys s, faults] for each timed step."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import numpy as np
-    import torch
-    from verl import DataProto
-
     from rollout_mismatch import local_worker
-    from shared_prompt_forward import update_batch
+    from shared_prompt_forward import sample_request, update_batch
     from search_r1.trainer.workers import WorkerSpec
 
     # reuse_freed_memory: what trainer.reuse_freed_memory=true gives every trainer worker
@@ -83,11 +79,7 @@ def child(args) -> dict:
                                 threads=args.threads, micro_batch_size=args.micro_batch_size,
                                 entropy_coef=0.0, gen_batch_size=args.groups * args.n,
                                 reuse_freed_memory=args.child == "reuse"))
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, 40000, (args.prompt_len,), generator=g).tolist()
-               for _ in range(args.groups)] * args.n
-    gen = DataProto.from_dict(non_tensors={"prompt_ids": np.array(prompts + [[]], dtype=object)[:-1]},
-                              meta_info={"sampling": {"max_tokens": args.max_tokens, "temperature": 1.0, "seed": 7}})
+    gen = sample_request(args.groups, args.n, args.prompt_len, args.max_tokens)
     batch = update_batch(w, args.groups, args.n, args.prompt_len, args.response_len)
     batch.meta_info.update(n_mini_batches=1, old_is_current=True)
     state = {k: v.clone() for k, v in w.model.state_dict().items()}

@@ -52,22 +52,14 @@ def parse_args(argv=None):
 
 def child(args) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import numpy as np
-    import torch
-    from verl import DataProto
-
     from rollout_mismatch import local_worker
-    from shared_prompt_forward import update_batch
+    from shared_prompt_forward import sample_request, update_batch
     from search_r1.trainer.workers import WorkerSpec
 
     w = local_worker(WorkerSpec(model_name=args.model, compute_dtype=args.dtype, rollout_dtype=args.dtype,
                                 threads=args.threads, micro_batch_size=2, entropy_coef=0.0,
                                 gen_batch_size=args.groups * args.n))
-    g = torch.Generator().manual_seed(1)
-    prompts = np.empty(args.groups * args.n, dtype=object)
-    prompts[:] = [torch.randint(3, 40000, (145,), generator=g).tolist() for _ in range(args.groups)] * args.n
-    gen = DataProto.from_dict(non_tensors={"prompt_ids": prompts}, meta_info={"sampling": {
-        "max_tokens": args.max_tokens, "temperature": 1.0, "seed": 7}})
+    gen = sample_request(args.groups, args.n, 145, args.max_tokens)
     batch = update_batch(w, args.groups, args.n, 145, 240)
     batch.meta_info.update(n_mini_batches=1, old_is_current=True)
     fns = {"sample": lambda: w.generate_sequences(gen), "ref": lambda: w.compute_ref_log_prob(batch),

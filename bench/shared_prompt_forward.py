@@ -76,6 +76,20 @@ def make_batch(groups: int, n: int, prompt_len: int, response_len: int, seed: in
     return batch
 
 
+def sample_request(groups: int, n: int, prompt_len: int, max_tokens: int, seed: int = 1):
+    """A generate_sequences request shaped like a GRPO step's: `groups` random prompts of `prompt_len`
+    tokens, the list repeated `n` times, sampled at temperature 1 with a fixed sampling seed."""
+    import numpy as np
+    import torch
+    from verl import DataProto
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = np.empty(groups * n, dtype=object)  # an object array of lists, not a 2-D int array
+    prompts[:] = [torch.randint(3, 40000, (prompt_len,), generator=g).tolist() for _ in range(groups)] * n
+    return DataProto.from_dict(non_tensors={"prompt_ids": prompts}, meta_info={"sampling": {
+        "max_tokens": max_tokens, "temperature": 1.0, "seed": 7}})
+
+
 def update_batch(w, groups: int, n: int, prompt_len: int, response_len: int):
     """`make_batch` with what update_actor reads: old, reference and rollout log-probs (all the worker's
     current log-probs) and advantages of alternating sign."""
