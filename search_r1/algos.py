@@ -63,14 +63,20 @@ def entropy_from_logits(logits: torch.Tensor, lse: torch.Tensor | None = None) -
     `token_log_probs`) it is not computed again and softmax(z) is exp(z - lse): one (..., V)
     temporary; for reports, as it is not differentiated through `lse`.
     """
+    # The masked case is repaired only where a row's sum came out NaN (a (...) check), so finite
+    # logits pay no extra (..., V) pass; a NaN logit stays NaN through logsumexp.
     if lse is None:
         p = torch.softmax(logits, dim=-1)
-        # masked before the product, not after: the product's backward would meet 0 * -inf again
-        finite_z = logits.masked_fill(torch.isneginf(logits), 0.0)
-        return torch.logsumexp(logits, dim=-1) - (p * finite_z).sum(dim=-1)
+        pz = (p * logits).sum(dim=-1)
+        if pz.isnan().any():  # masked before the product, not after: its backward would meet 0 * -inf
+            pz = (p * logits.masked_fill(torch.isneginf(logits), 0.0)).sum(dim=-1)
+        return torch.logsumexp(logits, dim=-1) - pz
     p = (logits - lse.unsqueeze(-1)).exp_()
-    # In place: NaN in p * z only where p is 0 and z is -inf; a NaN logit already made lse NaN.
-    return lse - p.mul_(logits).nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf")).sum(dim=-1)
+    prod = p.mul_(logits)  # in place: the report's one (..., V) temporary
+    pz = prod.sum(dim=-1)
+    if pz.isnan().any():  # NaN in p * z only where p is 0 and z is -inf
+        pz = prod.nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf")).sum(dim=-1)
+    return lse - pz
 
 
 class _TokenLogProb(torch.autograd.Function):
