@@ -63,6 +63,28 @@ def check_registries(config: DictConfig) -> None:
             raise ConfigError(f"{key}={value!r} is not registered; choose one of {sorted(registry)}")
 
 
+def check_ray_env_vars(config: DictConfig) -> None:
+    """ray_kwargs.ray_init.runtime_env.env_vars: Ray takes only strings, but Hydra reads `KEY=2` as a
+    number (Ray's TypeError then came from inside ray.init). Numbers become their text in place;
+    anything else that is not a string is an error naming the key."""
+    from verl_ext.cpu.platform import COMPUTE_THREADS_ENV, parse_compute_threads
+
+    env = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars")
+    for name in list(env or {}):
+        key = f"ray_kwargs.ray_init.runtime_env.env_vars.{name}"
+        value = env[name]
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            env[name] = str(value)
+        elif not isinstance(value, str):
+            raise ConfigError(f"{key}={value!r}: an environment variable's value is text. Fix: quote it, "
+                              f"e.g. {key}='{value}'")
+        if name == COMPUTE_THREADS_ENV:
+            try:
+                parse_compute_threads(env[name])
+            except ValueError as err:
+                raise ConfigError(f"{key}: {err}") from None
+
+
 def check_config(config: DictConfig, dry_run: bool = False) -> list[str]:
     """Every check that needs no GPU and no Ray; returns warnings, raises ConfigError on errors."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -84,6 +106,7 @@ def check_config(config: DictConfig, dry_run: bool = False) -> list[str]:
     except (ValueError, TypeError) as err:
         raise ConfigError(str(err)) from None
     check_registries(config)
+    check_ray_env_vars(config)
     try:
         validate_config(config=config, use_reference_policy=need_reference_policy(config),
                         use_critic=need_critic(config))

@@ -207,3 +207,20 @@ def test_dry_run_prints_the_resolved_config_and_the_recipe_card_on_this_machine(
     assert lines["optimizer updates per step"].split() == ["10", "10"]
     assert lines["micro-batches per GPU per update"].startswith("3 x 6 trajectories (8 GPUs)")
     assert lines["turns"].startswith("4 with search + 1 final")
+
+
+def test_ray_env_var_numbers_become_text_and_other_values_name_the_key():
+    """Hydra reads `...env_vars.KEY=2` as a number and Ray takes only strings (it raised a TypeError from
+    inside ray.init): numbers become their text; a bool or a bad SEARCH_R1_COMPUTE_THREADS names the key."""
+    from ray.runtime_env import RuntimeEnv
+
+    key = "ray_kwargs__ray_init__runtime_env__env_vars__"
+    cfg = verl_config(**{key + "SEARCH_R1_COMPUTE_THREADS": 2, key + "GOMP_SPINCOUNT": 10000, key + "X": "y"})
+    check_config(cfg, dry_run=True)
+    env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env.env_vars)
+    assert env == {"SEARCH_R1_COMPUTE_THREADS": "2", "GOMP_SPINCOUNT": "10000", "X": "y"}
+    RuntimeEnv(env_vars=env)  # Ray's own validation accepts it
+    with pytest.raises(ConfigError, match=r"env_vars.DEBUG=True: an environment variable's value is text.*quote"):
+        check_config(verl_config(**{key + "DEBUG": True}), dry_run=True)
+    with pytest.raises(ConfigError, match=r"env_vars.SEARCH_R1_COMPUTE_THREADS: SEARCH_R1_COMPUTE_THREADS='many'"):
+        check_config(verl_config(**{key + "SEARCH_R1_COMPUTE_THREADS": "many"}), dry_run=True)

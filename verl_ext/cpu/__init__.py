@@ -74,7 +74,6 @@ def warmstart_dir(name: str, *, _root_) -> str:
     resolves the config in the driver and in its task runner, and a file lock keeps that to one build.
     The retriever in search_r1.retriever.urls must be up (it is queried for the demonstrations).
     """
-    import torch
     from omegaconf import OmegaConf
 
     from search_r1.models import _file_lock
@@ -83,6 +82,7 @@ def warmstart_dir(name: str, *, _root_) -> str:
     from search_r1.trainer.config import WarmstartConfig
     from search_r1.trainer.warmstart import ensure_warmstart
     from verl_ext.agent_loop import SearchR1Settings
+    from verl_ext.cpu.platform import compute_threads
 
     node = _root_.get("warmstart")
     group = OmegaConf.to_container(node, resolve=True) if node is not None else {}
@@ -111,7 +111,8 @@ def warmstart_dir(name: str, *, _root_) -> str:
                                        max_tokens_per_turn=turn, protocol=settings.protocol, fmt=w.format,
                                        two_hop_share=w.two_hop_share, lr_schedule=w.lr_schedule,
                                        batching=w.batching,
-                                       compute_dtype="float32", threads=torch.get_num_threads(), cache_root=root,
+                                       # nothing else computes while the config resolves
+                                       compute_dtype="float32", threads=compute_threads(1), cache_root=root,
                                        progress=False)
         _WARMSTART_DIRS[key] = str(path)
     return _WARMSTART_DIRS[key]

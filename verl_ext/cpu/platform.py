@@ -18,6 +18,8 @@ What verl asks of a platform and why the answers are these:
   CPU meanings (no cache to empty, process RSS as "allocated", the CPU RNG state).
 - `communication_backend_name` "gloo": torch's only CPU collective backend.
 - `rollout_env_vars()`: vLLM's CPU thread binding for verl's vLLM server actors (the method says why).
+- `compute_threads(n)`: torch threads for each of the n training workers (or `hf` rollout servers)
+  of a node, which compute while the others wait (the function says why).
 - `ray_resource_name` "GPU": verl's resource pools always ask Ray for accelerators
   (`ResourcePoolManager.create_resource_pool` passes `use_gpu=True`, `_check_resource_available`
   counts "GPU"/"NPU"). Starting Ray with `num_gpus=N` creates N *logical* GPU slots that only
@@ -35,6 +37,36 @@ import torch
 from verl.plugin.platform import PlatformBase
 
 PLATFORM_NAME = "cpu"
+COMPUTE_THREADS_ENV = "SEARCH_R1_COMPUTE_THREADS"
+
+
+def parse_compute_threads(value: str) -> Optional[int]:
+    """`SEARCH_R1_COMPUTE_THREADS`'s value -> a thread count, or None for "auto"; ValueError otherwise."""
+    value = str(value).strip()
+    if value == "auto":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{COMPUTE_THREADS_ENV}={value!r}: allowed a whole number >= 1 or 'auto' "
+                         f"(cores // processes computing at once)")
+    return int(value)
+
+
+def compute_threads(processes: int) -> int:
+    """Torch threads for one of `processes` processes of this node that compute at the same time.
+
+    verl's sync trainer runs its phases one after another: the rollout servers generate while the
+    training workers wait, then the training workers compute log-probs and the update while the
+    servers wait. Each phase can therefore split every core this process may use among its own
+    processes: cores // processes, at least 1 (a node with 2 cores and one training worker: 2
+    threads; two workers: 1 each). The light processes (driver, agent loops, reward) keep the
+    OMP_NUM_THREADS of configs/verl_cpu/base.yaml. `SEARCH_R1_COMPUTE_THREADS` (in the Ray
+    runtime_env there) overrides with a number; "auto" or unset computes it.
+    """
+    threads = parse_compute_threads(os.environ.get(COMPUTE_THREADS_ENV, "auto"))
+    if threads is not None:
+        return threads
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, processes))
 
 
 def _rss_bytes() -> int:

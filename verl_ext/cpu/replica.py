@@ -57,7 +57,8 @@ class HFReplica(RolloutReplica):
                 node_id=node_id, soft=False),
             max_concurrency=self.max_concurrency,
             num_cpus=0,  # it shares the cores of the worker it serves; Ray CPUs are logical here
-        ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank,
+                  servers_per_node=max(1, self.gpus_per_node // self.world_size))
         await server.get_stats.remote()  # surface a failed model load here, not at the first request
         self.servers = [server]
         self._server_handle = server

@@ -106,17 +106,19 @@ class HFRolloutServer:
     """Ray actor (async): verl's token-in/token-out server contract over `HFGenerator` on CPU.
 
     Args: `config` (verl RolloutConfig or its DictConfig), `model_config` (verl HFModelConfig),
-    `replica_rank`. Loads the model from `model_config.local_path` in float32.
+    `replica_rank`, `servers_per_node` (this node's servers, which generate at once: the torch threads
+    are `compute_threads(servers_per_node)`). Loads the model from `model_config.local_path` in float32.
     """
 
     def __init__(self, config, model_config, replica_rank: int = 0, batch_window_s: float = 0.02,
-                 max_batch: int = 64):
+                 max_batch: int = 64, servers_per_node: int = 1):
         import torch
         from transformers import AutoModelForCausalLM
 
         from search_r1.models import load_tokenizer
         from search_r1.rollout.backends import HFGenerator
         from verl.utils.config import omega_conf_to_dataclass
+        from verl_ext.cpu.platform import compute_threads
 
         self.config = omega_conf_to_dataclass(config)
         self.model_config = omega_conf_to_dataclass(model_config)
@@ -124,7 +126,8 @@ class HFRolloutServer:
         mode = self.config.logprobs_mode or "raw_logprobs"
         if mode not in LOGPROBS_MODES:
             raise ValueError(f"rollout.logprobs_mode={mode!r}: the HF server implements {sorted(LOGPROBS_MODES)}")
-        torch.set_num_threads(1)  # one thread per process: a CPU run has ~10 processes on few cores
+        # The node's servers generate at once while the training workers wait (compute_threads)
+        torch.set_num_threads(compute_threads(servers_per_node))
         path = self.model_config.local_path
         self.tokenizer = load_tokenizer(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)

@@ -12,6 +12,9 @@ touching verl:
    device-agnostic (every device call goes through `get_platform()`), so this worker registers the
    same classes for "cpu" through `EngineRegistry.register` before `init_model` looks them up.
 
+The worker also sets its torch threads to `compute_threads(local world size)` (the training
+workers of a node compute at once; verl_ext.cpu.platform.compute_threads).
+
 A trainer uses it through `cpu_role_worker_mapping` (no-op unless `VERL_PLATFORM=cpu`).
 """
 from __future__ import annotations
@@ -21,7 +24,7 @@ from datetime import timedelta
 
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-from verl_ext.cpu.platform import is_cpu_platform
+from verl_ext.cpu.platform import compute_threads, is_cpu_platform
 
 # verl's FSDP engine classes, by the model_type verl registers them under.
 _FSDP_ENGINES = {
@@ -66,7 +69,13 @@ class CPUActorRolloutRefWorker(ActorRolloutRefWorker):
     """verl's `ActorRolloutRefWorker` with a gloo process group and CPU engine registration."""
 
     def __init__(self, config, role: str, distillation_config=None, **kwargs):
+        import torch
+
         super().__init__(config, role, distillation_config=distillation_config, **kwargs)
+        # RAY_LOCAL_WORLD_SIZE: this node's training workers (verl's RayWorkerGroup sets it)
+        torch.set_num_threads(compute_threads(int(os.environ.get("RAY_LOCAL_WORLD_SIZE", "1"))))
+        print(f"[verl_ext.cpu] {role} worker rank {os.environ.get('RANK', '0')}: {torch.get_num_threads()} torch "
+              f"threads (SEARCH_R1_COMPUTE_THREADS={os.environ.get('SEARCH_R1_COMPUTE_THREADS', 'auto')})", flush=True)
         init_gloo_process_group()
         register_cpu_engines()
 

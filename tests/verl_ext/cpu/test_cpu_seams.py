@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import verl  # noqa: F401  (loads the verl.plugins entry point, i.e. verl_ext and verl_ext.cpu)
-from verl_ext.cpu.platform import CPU_DEVICE_MODULE, PlatformCPU
+from verl_ext.cpu.platform import CPU_DEVICE_MODULE, PlatformCPU, compute_threads
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -145,3 +145,19 @@ def test_cpu_role_worker_mapping_swaps_only_on_the_cpu_platform(monkeypatch):
     m = cpu_role_worker_mapping(mapping())
     assert m["actor_rollout_ref"].__ray_actor_class__ is CPUActorRolloutRefWorker
     assert m["critic"].__ray_actor_class__ is TrainingWorker
+
+
+def test_compute_threads_split_the_cores_among_a_phases_processes(monkeypatch):
+    """cores // processes computing at once (at least 1); SEARCH_R1_COMPUTE_THREADS overrides, and a bad
+    value is an error naming the variable."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.delenv("SEARCH_R1_COMPUTE_THREADS", raising=False)
+    assert [compute_threads(n) for n in (1, 2, 3, 4, 8)] == [4, 2, 1, 1, 1]
+    monkeypatch.setenv("SEARCH_R1_COMPUTE_THREADS", "auto")
+    assert compute_threads(2) == 2
+    monkeypatch.setenv("SEARCH_R1_COMPUTE_THREADS", "3")
+    assert compute_threads(2) == 3
+    for bad in ("0", "two", "-1", ""):
+        monkeypatch.setenv("SEARCH_R1_COMPUTE_THREADS", bad)
+        with pytest.raises(ValueError, match="SEARCH_R1_COMPUTE_THREADS"):
+            compute_threads(1)

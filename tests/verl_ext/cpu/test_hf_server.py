@@ -30,7 +30,25 @@ def configs():
 @pytest.fixture
 def server(configs):
     rollout, model = configs
-    return HFRolloutServer(rollout, model, batch_window_s=0.05)
+    threads = torch.get_num_threads()  # the server sets this process's threads (compute_threads)
+    yield HFRolloutServer(rollout, model, batch_window_s=0.05)
+    torch.set_num_threads(threads)
+
+
+def test_threads_split_the_cores_among_the_nodes_servers(configs, monkeypatch):
+    """A node's servers generate at once while the training workers wait: each takes cores // servers."""
+    rollout, model = configs
+    threads = torch.get_num_threads()
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(4)))
+    try:
+        assert torch.get_num_threads() != 2
+        HFRolloutServer(rollout, model, servers_per_node=2)
+        assert torch.get_num_threads() == 2
+        monkeypatch.setenv("SEARCH_R1_COMPUTE_THREADS", "3")
+        HFRolloutServer(rollout, model, servers_per_node=2)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _prompt(server) -> list[int]:
