@@ -16,7 +16,10 @@ BM25 retriever this script starts on the default synthetic world) with overrides
     vllm-avx2       vLLM float32 with oneDNN and torch limited to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2
                     ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2), an AVX2-only CPU's GEMMs
     vllm-bf16-avx2  the same with bf16 weights (what the earlier study's AVX2 machine ran)
-    hf              actor_rollout_ref.rollout.name=hf: HFGenerator in float32 (one torch thread)
+    hf              actor_rollout_ref.rollout.name=hf: HFGenerator in float32
+    vllm-one-thread, hf-one-thread
+                    the same with one torch thread per training worker and `hf` server
+                    (SEARCH_R1_COMPUTE_THREADS=1; "auto" gives each cores // workers of a node)
 
 Validation and checkpoints are off; step 1 is a warm-up and the table averages the later steps of
 verl's own timers: `gen` (the rollout: agent loops, vLLM generation, retriever), `update_weights` (the
@@ -36,6 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+ONE_THREAD = "ray_kwargs.ray_init.runtime_env.env_vars.SEARCH_R1_COMPUTE_THREADS=1"
 VARIANTS = {
     "vllm": ([], {}),
     "vllm-bf16": (["actor_rollout_ref.rollout.dtype=bfloat16"], {}),
@@ -44,6 +48,8 @@ VARIANTS = {
     "vllm-avx2": ([], AVX2),
     "vllm-bf16-avx2": (["actor_rollout_ref.rollout.dtype=bfloat16"], AVX2),
     "hf": (["actor_rollout_ref.rollout.name=hf"], {}),
+    "vllm-one-thread": ([ONE_THREAD], {}),
+    "hf-one-thread": (["actor_rollout_ref.rollout.name=hf", ONE_THREAD], {}),
 }
 TIMERS = ("gen", "update_weights", "old_log_prob", "ref", "update_actor", "step")
 STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
