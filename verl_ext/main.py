@@ -75,6 +75,9 @@ def check_ray_env_vars(config: DictConfig) -> None:
         value = env[name]
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             env[name] = str(value)
+        elif value is None:  # `KEY=null`: quoting "None" would set the text None, not unset the variable
+            raise ConfigError(f"{key} is null: an environment variable's value is text. Fix: give it a "
+                              f"value, e.g. {key}='1', or remove it with ~{key}")
         elif not isinstance(value, str):
             raise ConfigError(f"{key}={value!r}: an environment variable's value is text. Fix: quote it, "
                               f"e.g. {key}='{value}'")

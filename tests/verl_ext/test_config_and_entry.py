@@ -211,7 +211,7 @@ def test_dry_run_prints_the_resolved_config_and_the_recipe_card_on_this_machine(
 
 def test_ray_env_var_numbers_become_text_and_other_values_name_the_key():
     """Hydra reads `...env_vars.KEY=2` as a number and Ray takes only strings (it raised a TypeError from
-    inside ray.init): numbers become their text; a bool or a bad SEARCH_R1_COMPUTE_THREADS names the key."""
+    inside ray.init): numbers become their text; a bool, a null or a bad SEARCH_R1_COMPUTE_THREADS names the key."""
     from ray.runtime_env import RuntimeEnv
 
     key = "ray_kwargs__ray_init__runtime_env__env_vars__"
@@ -222,5 +222,7 @@ def test_ray_env_var_numbers_become_text_and_other_values_name_the_key():
     RuntimeEnv(env_vars=env)  # Ray's own validation accepts it
     with pytest.raises(ConfigError, match=r"env_vars.DEBUG=True: an environment variable's value is text.*quote"):
         check_config(verl_config(**{key + "DEBUG": True}), dry_run=True)
+    with pytest.raises(ConfigError, match=r"env_vars.DEBUG is null: .*remove it with ~ray_kwargs"):
+        check_config(verl_config(**{key + "DEBUG": None}), dry_run=True)
     with pytest.raises(ConfigError, match=r"env_vars.SEARCH_R1_COMPUTE_THREADS: SEARCH_R1_COMPUTE_THREADS='many'"):
         check_config(verl_config(**{key + "SEARCH_R1_COMPUTE_THREADS": "many"}), dry_run=True)
