@@ -252,6 +252,10 @@ class AlgorithmConfig:
     anchor_batch_size: int = 8
     # Share of two-hop demonstrations in the anchor pool: 0 = single-hop only.
     anchor_two_hop_share: float = 0.0
+    # Weight of each demonstration's first round (the plan and the first query) in the anchor's token
+    # mean, relative to its other policy tokens (warmstart.token_weights). 1 = a plain token mean; more
+    # leans the anchor on whether a demonstration searches once or twice, which a token or two decide.
+    anchor_plan_weight: float = 1.0
 
     def __post_init__(self):
         _check_choice("algorithm.reward", self.reward, tuple(sorted(REWARD_FNS)))
@@ -271,6 +275,7 @@ class AlgorithmConfig:
         _check_range("algorithm.anchor_examples", self.anchor_examples, 1)
         _check_range("algorithm.anchor_batch_size", self.anchor_batch_size, 1)
         _check_range("algorithm.anchor_two_hop_share", self.anchor_two_hop_share, 0.0, 1.0)
+        _check_range("algorithm.anchor_plan_weight", self.anchor_plan_weight, 0, lo_open=True)
         if self.anchor_coef > 0 and self.anchor_batch_size > self.anchor_examples:
             raise _fail("algorithm.anchor_batch_size", self.anchor_batch_size,
                         f"<= algorithm.anchor_examples ({self.anchor_examples})",

@@ -196,7 +196,7 @@ def worker_spec(cfg: TrainConfig, model_path: str | None = None):
         entropy_coef=a.entropy_coef, loss_agg=a.loss_agg, temperature=cfg.rollout.temperature,
         rollout_is=a.rollout_is, rollout_is_threshold=a.rollout_is_threshold, ppo_epochs=t.ppo_epochs,
         micro_batch_size=t.micro_batch_size, use_ref=a.uses_ref, skip_zero_advantage=a.skip_zero_advantage,
-        anchor_coef=a.anchor_coef, reuse_freed_memory=t.reuse_freed_memory, omp_spincount=t.omp_spincount)
+        anchor_coef=a.anchor_coef, anchor_plan_weight=a.anchor_plan_weight, reuse_freed_memory=t.reuse_freed_memory, omp_spincount=t.omp_spincount)
 
 
 def warm_start(cfg: TrainConfig, data: DataPaths, search_engine, url: str | None = None) -> str | None:
@@ -251,7 +251,8 @@ def anchor_demos(cfg: TrainConfig, data: DataPaths, search_engine, tokenizer) ->
         raise ValueError(f"algorithm.anchor_batch_size={a.anchor_batch_size} but only {len(demos)} anchor "
                          f"demonstrations qualified. Fix: lower algorithm.anchor_batch_size")
     print(f"[trainer] supervised anchor: {len(demos)} demonstrations ({sum(d.hops == 2 for d in demos)} two-hop), "
-          f"{a.anchor_batch_size} per update at coefficient {a.anchor_coef}", flush=True)
+          f"{a.anchor_batch_size} per update at coefficient {a.anchor_coef}, first round weighted "
+          f"{a.anchor_plan_weight}", flush=True)
     return demos
 
 

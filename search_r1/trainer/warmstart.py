@@ -316,8 +316,23 @@ def _batches(demos: list[Demo], batch_size: int, steps: int, seed: int, batching
         yield [demos[i] for i in batch]
 
 
-def collate(demos: list[Demo], pad_id: int):
-    """Right-padded (input_ids, attention_mask, loss_mask) tensors of shape (B, T)."""
+def token_weights(demo: Demo, plan_weight: float = 1.0) -> list[float]:
+    """Loss weight per position of `demo`: its loss_mask, with the first round's policy tokens (the
+    plan, "<think> Look up ..." or "<think> Two steps: ...", and the first query: the first run of 1s)
+    times plan_weight. Why: whether a demonstration searches once or twice is decided in a token or two
+    of its first round, diluted among every supervised token of a token mean."""
+    weights = [float(m) for m in demo.loss_mask]
+    if plan_weight != 1.0 and 1 in demo.loss_mask:
+        t = demo.loss_mask.index(1)
+        while t < len(weights) and demo.loss_mask[t]:
+            weights[t] *= plan_weight
+            t += 1
+    return weights
+
+
+def collate(demos: list[Demo], pad_id: int, plan_weight: float = 1.0):
+    """Right-padded (input_ids, attention_mask, loss weights) tensors of shape (B, T); the weights are
+    `token_weights` (the loss_mask itself at plan_weight=1)."""
     import torch
 
     width = max(len(d.input_ids) for d in demos)
@@ -328,46 +343,56 @@ def collate(demos: list[Demo], pad_id: int):
         n = len(d.input_ids)
         ids[i, :n] = torch.tensor(d.input_ids)
         attn[i, :n] = 1
-        mask[i, :n] = torch.tensor(d.loss_mask, dtype=torch.float32)
+        mask[i, :n] = torch.tensor(token_weights(d, plan_weight), dtype=torch.float32)
     return ids, attn, mask
 
 
 def masked_sft_loss(model, ids, attn, mask):
-    """Token-mean CE over masked tokens: sum_t m_t * -log p(x_t | x_<t) / sum_t m_t.
+    """Weighted token-mean CE over masked tokens: sum_t m_t * -log p(x_t | x_<t) / sum_t m_t.
 
-    ids, attn, mask: (B, T); the mask is on the target positions (token t is predicted at t-1).
-    Only the masked positions go through the LM head (prompt and observation logits are never
-    built: a (B, T, vocab) fp32 tensor is most of the memory of a full forward).
+    ids, attn, mask: (B, T); the mask (0/1, or `token_weights`) is on the target positions (token t is
+    predicted at t-1). Only the masked positions go through the LM head (prompt and observation logits
+    are never built: a (B, T, vocab) fp32 tensor is most of the memory of a full forward).
     """
     import torch.nn.functional as F
 
     hidden = model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state  # (B, T, H)
-    sel = mask[:, 1:].bool()
+    weights = mask[:, 1:]
+    sel = weights > 0
     logits = model.get_output_embeddings()(hidden[:, :-1][sel]).float()  # (N, vocab)
-    return F.cross_entropy(logits, ids[:, 1:][sel], reduction="mean")
+    nll = F.cross_entropy(logits, ids[:, 1:][sel], reduction="none")  # (N,)
+    w = weights[sel].to(nll.dtype)
+    return (w * nll).sum() / w.sum()
 
 
-def supervised_tokens(demos: list[Demo]) -> int:
-    """Number of target positions the SFT loss averages over (the mask shifted by one)."""
-    return sum(sum(d.loss_mask[1:]) for d in demos)
+def supervised_tokens(demos: list[Demo], plan_weight: float = 1.0) -> float:
+    """Total weight of the target positions the SFT loss averages over (the weights shifted by one):
+    their number at plan_weight=1."""
+    if plan_weight == 1.0:
+        return sum(sum(d.loss_mask[1:]) for d in demos)
+    return sum(sum(token_weights(d, plan_weight)[1:]) for d in demos)
 
 
-def token_mean_sft_backward(model, parts: list[list[Demo]], pad_id: int, total_tokens: int,
-                            scale: float = 1.0, autocast=contextlib.nullcontext) -> float:
+def token_mean_sft_backward(model, parts: list[list[Demo]], pad_id: int, total_tokens: float,
+                            scale: float = 1.0, autocast=contextlib.nullcontext,
+                            plan_weight: float = 1.0) -> float:
     """Backpropagate scale * L in micro-batches (grads accumulate), where
 
-        L = sum_parts (n_part / total_tokens) * masked_sft_loss(part),   n_part = supervised_tokens(part)
+        L = sum_parts (n_part / total_tokens) * masked_sft_loss(part),
+        n_part = supervised_tokens(part, plan_weight)
 
-    i.e. the token-mean NLL over every supervised token when total_tokens counts them all. Splitting a
-    batch into parts bounds activation memory; a data-parallel rank passes only its own parts and the
-    global count, so the all-reduced gradient is the whole batch's. `autocast` is a context factory.
+    i.e. the (weighted) token-mean NLL over every supervised token when total_tokens counts them all
+    (supervised_tokens(batch, plan_weight)). Splitting a batch into parts bounds activation memory; a
+    data-parallel rank passes only its own parts and the global count, so the all-reduced gradient is
+    the whole batch's. `autocast` is a context factory. plan_weight: `token_weights`.
     Returns L (unscaled) as a float.
     """
-    total = max(total_tokens, 1)
+    total = total_tokens if total_tokens > 0 else 1.0  # no supervised token: nothing to divide
     value = 0.0
     for part in parts:
         with autocast():
-            loss = masked_sft_loss(model, *collate(part, pad_id)) * (supervised_tokens(part) / total)
+            loss = (masked_sft_loss(model, *collate(part, pad_id, plan_weight))
+                    * (supervised_tokens(part, plan_weight) / total))
         (scale * loss).backward()
         value += float(loss.detach())
     return value

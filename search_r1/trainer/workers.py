@@ -89,6 +89,8 @@ class WorkerSpec:
     skip_zero_advantage: bool = False
     # weight of the supervised anchor's NLL in every update (algorithm.anchor_coef; `set_anchor`)
     anchor_coef: float = 0.0
+    # weight of the anchor demonstrations' first round in its token mean (algorithm.anchor_plan_weight)
+    anchor_plan_weight: float = 1.0
     # glibc keeps freed memory in this worker's process for the next micro-batch of a rollout or update
     # (`models.reuse_freed_memory`; trainer.reuse_freed_memory). Process-wide: for a worker that has
     # its process to itself (a Ray actor), never one built in a caller's process
@@ -554,7 +556,8 @@ class PolicyWorker(Worker):
 
     def accumulate_anchor_grads(self, rows: list[int]) -> float:
         """Backpropagate anchor_coef * the token-mean NLL of the anchor demonstrations `rows` (their
-        policy tokens only, at temperature 1: the warm-start's loss); grads accumulate.
+        policy tokens only, the first round's weighted by anchor_plan_weight, at temperature 1: the
+        warm-start's loss); grads accumulate.
 
         Each rank takes rows rank::world_size, weighted by its share of the global supervised tokens,
         so the all-reduced gradient is the whole batch's. Returns the (global) NLL, unweighted.
@@ -566,9 +569,10 @@ class PolicyWorker(Worker):
         demos = [self.anchor[i] for i in rows]
         mine = demos[self.rank::self.world_size]
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        w = self.spec.anchor_plan_weight
         nll = token_mean_sft_backward(self.model, [mine[s] for s in _split_rows(len(mine), self.spec.micro_batch_size)],
-                                      pad, supervised_tokens(demos), scale=self.spec.anchor_coef,
-                                      autocast=self._autocast)
+                                      pad, supervised_tokens(demos, w), scale=self.spec.anchor_coef,
+                                      autocast=self._autocast, plan_weight=w)
         return float(self._all_reduce(torch.tensor(nll, dtype=torch.float64)))
 
     def _sync_rollout_weights(self) -> None:

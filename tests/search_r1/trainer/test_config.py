@@ -74,6 +74,7 @@ def test_plan_kl_coef_defaults_to_kl_coef_and_alone_needs_the_reference():
     (["algorithm.entropy_coef=-0.1"], ["algorithm.entropy_coef", "[0, inf]"]),
     (["algorithm.anchor_coef=-1"], ["algorithm.anchor_coef", "[0, inf]"]),
     (["algorithm.anchor_two_hop_share=1.5"], ["algorithm.anchor_two_hop_share", "[0.0, 1.0]"]),
+    (["algorithm.anchor_plan_weight=0"], ["algorithm.anchor_plan_weight", "(0, inf]"]),
     (["algorithm.anchor_coef=1", "algorithm.anchor_examples=4", "algorithm.anchor_batch_size=8"],
      ["algorithm.anchor_batch_size", "anchor_examples (4)"]),
     (["algorithm.anchor_coef=1", "algorithm.anchor_two_hop_share=0.5", "rollout.max_turns=1"],

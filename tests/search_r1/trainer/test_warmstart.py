@@ -12,7 +12,8 @@ from search_r1.protocol import ObservationEncoder, decode_ids
 from search_r1.rewards import check_format_correctness, compute_reward
 from search_r1.search import RetrieverClient
 from search_r1.trainer.warmstart import (Demo, _batches, build_demos, collate, ensure_warmstart, lr_at,
-                                          masked_sft_loss, supervised_tokens, token_mean_sft_backward, train)
+                                          masked_sft_loss, supervised_tokens, token_mean_sft_backward,
+                                          token_weights, train)
 
 MODEL = "tiny-random-qwen3"
 OBS, TURN = 64, 64
@@ -153,6 +154,39 @@ def test_masked_loss_matches_a_hand_computed_reference(demos, tokenizer):
                 count += 1
     assert count == sum(sum(d.loss_mask) for d in demos[:2])
     assert float(got) == pytest.approx(total / count, rel=1e-4)
+
+
+def test_token_weights_scale_exactly_the_first_round(demos, tokenizer):
+    """plan_weight multiplies the first round's policy tokens (the think that chooses one search or
+    two, and the first query, up to the first observation) and nothing else; 1 is the loss_mask."""
+    for d in demos:
+        assert token_weights(d) == [float(m) for m in d.loss_mask]
+        w = token_weights(d, 3.0)
+        heavy = [t for t, x in enumerate(w) if x == 3.0]
+        assert heavy == list(range(heavy[0], heavy[-1] + 1)) and heavy[0] == d.prompt_length
+        first = tokenizer.decode([d.input_ids[t] for t in heavy])
+        assert first.startswith("<think>") and first.rstrip().endswith("</search>"), first
+        assert ("Two steps" in first) == (d.hops == 2)
+        assert all(x == float(m) for t, (x, m) in enumerate(zip(w, d.loss_mask)) if t not in heavy)
+        assert d.loss_mask[heavy[-1] + 1] == 0  # the observation starts right after it
+
+
+def test_plan_weighted_loss_matches_a_hand_computed_reference(demos, tokenizer):
+    model, _ = load_model_and_tokenizer(MODEL)
+    ids, attn, mask = collate(demos[:2], tokenizer.pad_token_id, plan_weight=5.0)
+    with torch.no_grad():
+        got = masked_sft_loss(model, ids, attn, mask)
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits.float(), -1)
+    total, weight = 0.0, 0.0
+    for b, d in enumerate(demos[:2]):
+        first_obs = d.loss_mask.index(0, d.prompt_length)  # the first round is prompt_length..first_obs-1
+        for t in range(1, len(d.input_ids)):
+            if d.loss_mask[t]:
+                w = 5.0 if t < first_obs else 1.0
+                total -= w * float(logp[b, t - 1, ids[b, t]])
+                weight += w
+    assert supervised_tokens(demos[:2], 5.0) == pytest.approx(weight)
+    assert float(got) == pytest.approx(total / weight, rel=1e-4)
 
 
 def test_micro_batched_backward_is_the_whole_batch_token_mean(demos, tokenizer):

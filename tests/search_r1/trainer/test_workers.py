@@ -387,16 +387,17 @@ def anchor_pool(seed=0):
     return demos
 
 
-def reference_nll(model, demos):
-    """Token mean of -log p(x_t | x_<t) over every demo's loss-masked tokens, one unpadded forward each."""
-    total, count = 0.0, 0
-    for d in demos:
+def reference_nll(model, demos, weights=None):
+    """Token mean of -log p(x_t | x_<t) over every demo's loss-masked tokens, one unpadded forward each;
+    `weights` (one list per demo, in place of its loss_mask) makes it the weighted mean."""
+    total, count = 0.0, 0.0
+    for i, d in enumerate(demos):
         ids = torch.tensor([d.input_ids])
         logp = model(input_ids=ids).logits[0, :-1].float().log_softmax(-1)
         picked = logp.gather(-1, ids[0, 1:, None]).squeeze(-1)
-        m = torch.tensor(d.loss_mask[1:], dtype=torch.float32)
+        m = torch.tensor((d.loss_mask if weights is None else weights[i])[1:], dtype=torch.float32)
         total = total - (picked * m).sum()
-        count += int(m.sum())
+        count += float(m.sum())
     return total / count
 
 
@@ -428,6 +429,38 @@ def test_anchor_gradient_is_coef_times_the_demonstrations_token_mean_nll(local_w
     unmasked = [dataclasses.replace(d, loss_mask=tuple(1 if i >= d.prompt_length else m for i, m in enumerate(d.loss_mask)))
                 for d in pool]
     assert grads(unmasked)[0] != pytest.approx(value, rel=1e-3)
+
+
+def test_anchor_plan_weight_scales_the_first_round_in_the_token_mean(local_worker_factory):
+    """algorithm.anchor_plan_weight: the first round (anchor_pool's two policy tokens before its
+    observation token) counts plan_weight times in the anchor's token mean, the later policy tokens
+    once; value and gradient match a hand-weighted reference, and differ from the plain mean."""
+    pool = anchor_pool()
+    rows = [2, 0, 1]
+    w = local_worker_factory(WorkerSpec(model_name=MODEL, micro_batch_size=2, anchor_coef=1.0,
+                                        anchor_plan_weight=4.0))
+    w.set_anchor(pool)
+    w.optimizer.zero_grad(set_to_none=False)
+    value = w.accumulate_anchor_grads(rows)
+    g = torch.cat([p.grad.reshape(-1).clone() for p in w.params])
+
+    hand = []  # anchor_pool: prompt, two policy tokens (the first round), one observation token, the rest
+    for i in rows:
+        d = pool[i]
+        hand.append([0.0] * d.prompt_length + [4.0, 4.0, 0.0] + [1.0] * (len(d.input_ids) - d.prompt_length - 3))
+        assert [x > 0 for x in hand[-1]] == [bool(m) for m in d.loss_mask]
+    w.optimizer.zero_grad(set_to_none=False)
+    expected = reference_nll(w.model, [pool[i] for i in rows], hand)
+    expected.backward()
+    g_ref = torch.cat([p.grad.reshape(-1).clone() for p in w.params])
+    assert value == pytest.approx(float(expected.detach()), rel=1e-5)
+    torch.testing.assert_close(g, g_ref, atol=1e-6, rtol=1e-4)
+    # control: the plain token mean (every policy token once) has another gradient; the random tiny
+    # model's NLLs are all near ln(vocab), so its value differs by less than 0.1% and is not the test
+    w.optimizer.zero_grad(set_to_none=False)
+    reference_nll(w.model, [pool[i] for i in rows]).backward()
+    g_plain = torch.cat([p.grad.reshape(-1).clone() for p in w.params])
+    assert not torch.allclose(g, g_plain, atol=1e-6, rtol=1e-2)
 
 
 def test_update_with_anchor_rows_reports_the_anchor_loss_and_moves_differently(local_worker_factory):
