@@ -196,7 +196,8 @@ def worker_spec(cfg: TrainConfig, model_path: str | None = None):
         entropy_coef=a.entropy_coef, loss_agg=a.loss_agg, temperature=cfg.rollout.temperature,
         rollout_is=a.rollout_is, rollout_is_threshold=a.rollout_is_threshold, ppo_epochs=t.ppo_epochs,
         micro_batch_size=t.micro_batch_size, use_ref=a.uses_ref, skip_zero_advantage=a.skip_zero_advantage,
-        anchor_coef=a.anchor_coef, anchor_plan_weight=a.anchor_plan_weight, reuse_freed_memory=t.reuse_freed_memory, omp_spincount=t.omp_spincount)
+        anchor_coef=a.anchor_coef, anchor_plan_weight=a.anchor_plan_weight,
+        reuse_freed_memory=t.reuse_freed_memory, omp_spincount=t.omp_spincount)
 
 
 def warm_start(cfg: TrainConfig, data: DataPaths, search_engine, url: str | None = None) -> str | None:
