@@ -61,6 +61,15 @@ def test_plan_kl_coef_defaults_to_kl_coef_and_alone_needs_the_reference():
     assert not cfg.algorithm.uses_ref and not worker_spec(cfg).use_ref
 
 
+def test_anchor_settings_reach_the_workers():
+    from search_r1.trainer.main import worker_spec
+
+    assert worker_spec(TrainConfig.from_dict(load("grpo_cpu"))).anchor_plan_weight == 1.0
+    spec = worker_spec(TrainConfig.from_dict(load("grpo_cpu", ["algorithm.anchor_coef=2",
+                                                               "algorithm.anchor_plan_weight=4"])))
+    assert (spec.anchor_coef, spec.anchor_plan_weight) == (2.0, 4.0)
+
+
 @pytest.mark.parametrize("overrides, fragments", [
     (["algorithm.reward=bleu"], ["algorithm.reward", "'bleu'", "'seed'", "Fix"]),
     (["trainer.batch_size=3", "trainer.mini_batch_size=2"], ["trainer.batch_size", "multiple", "mini_batch_size"]),
