@@ -368,8 +368,6 @@ def masked_sft_loss(model, ids, attn, mask):
 def supervised_tokens(demos: list[Demo], plan_weight: float = 1.0) -> float:
     """Total weight of the target positions the SFT loss averages over (the weights shifted by one):
     their number at plan_weight=1."""
-    if plan_weight == 1.0:
-        return sum(sum(d.loss_mask[1:]) for d in demos)
     return sum(sum(token_weights(d, plan_weight)[1:]) for d in demos)
 
 

@@ -140,20 +140,27 @@ def test_tool_call_demos_in_the_form_the_prompt_shows(tokenizer, client, synth_w
             d.golden_answers[0]
 
 
-def test_masked_loss_matches_a_hand_computed_reference(demos, tokenizer):
+@pytest.mark.parametrize("plan_weight", [1.0, 5.0])
+def test_masked_loss_matches_a_hand_computed_reference(demos, tokenizer, plan_weight):
+    """The (weighted) token mean over the policy tokens; plan_weight counts the first round's tokens,
+    from prompt_length up to the first observation, that many times."""
     model, _ = load_model_and_tokenizer(MODEL)
-    ids, attn, mask = collate(demos[:2], tokenizer.pad_token_id)
+    ids, attn, mask = collate(demos[:2], tokenizer.pad_token_id, plan_weight=plan_weight)
     with torch.no_grad():
         got = masked_sft_loss(model, ids, attn, mask)
         logp = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits.float(), -1)
-    total, count = 0.0, 0
-    for b in range(ids.shape[0]):
-        for t in range(1, ids.shape[1]):
-            if mask[b, t]:
-                total -= float(logp[b, t - 1, ids[b, t]])
+    total, count, weight = 0.0, 0, 0.0
+    for b, d in enumerate(demos[:2]):
+        first_obs = d.loss_mask.index(0, d.prompt_length)  # the first round is prompt_length..first_obs-1
+        for t in range(1, len(d.input_ids)):
+            if d.loss_mask[t]:
+                w = plan_weight if t < first_obs else 1.0
+                total -= w * float(logp[b, t - 1, ids[b, t]])
                 count += 1
+                weight += w
     assert count == sum(sum(d.loss_mask) for d in demos[:2])
-    assert float(got) == pytest.approx(total / count, rel=1e-4)
+    assert supervised_tokens(demos[:2], plan_weight) == pytest.approx(weight)
+    assert float(got) == pytest.approx(total / weight, rel=1e-4)
 
 
 def test_token_weights_scale_exactly_the_first_round(demos, tokenizer):
@@ -169,24 +176,6 @@ def test_token_weights_scale_exactly_the_first_round(demos, tokenizer):
         assert ("Two steps" in first) == (d.hops == 2)
         assert all(x == float(m) for t, (x, m) in enumerate(zip(w, d.loss_mask)) if t not in heavy)
         assert d.loss_mask[heavy[-1] + 1] == 0  # the observation starts right after it
-
-
-def test_plan_weighted_loss_matches_a_hand_computed_reference(demos, tokenizer):
-    model, _ = load_model_and_tokenizer(MODEL)
-    ids, attn, mask = collate(demos[:2], tokenizer.pad_token_id, plan_weight=5.0)
-    with torch.no_grad():
-        got = masked_sft_loss(model, ids, attn, mask)
-        logp = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits.float(), -1)
-    total, weight = 0.0, 0.0
-    for b, d in enumerate(demos[:2]):
-        first_obs = d.loss_mask.index(0, d.prompt_length)  # the first round is prompt_length..first_obs-1
-        for t in range(1, len(d.input_ids)):
-            if d.loss_mask[t]:
-                w = 5.0 if t < first_obs else 1.0
-                total -= w * float(logp[b, t - 1, ids[b, t]])
-                weight += w
-    assert supervised_tokens(demos[:2], 5.0) == pytest.approx(weight)
-    assert float(got) == pytest.approx(total / weight, rel=1e-4)
 
 
 def test_micro_batched_backward_is_the_whole_batch_token_mean(demos, tokenizer):
