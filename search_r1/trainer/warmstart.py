@@ -388,9 +388,10 @@ def token_mean_sft_backward(model, parts: list[list[Demo]], pad_id: int, total_t
     total = total_tokens if total_tokens > 0 else 1.0  # no supervised token: nothing to divide
     value = 0.0
     for part in parts:
+        ids, attn, mask = collate(part, pad_id, plan_weight)
+        n_part = float(mask[:, 1:].sum())  # supervised_tokens(part, plan_weight), off the collated weights
         with autocast():
-            loss = (masked_sft_loss(model, *collate(part, pad_id, plan_weight))
-                    * (supervised_tokens(part, plan_weight) / total))
+            loss = masked_sft_loss(model, ids, attn, mask) * (n_part / total)
         (scale * loss).backward()
         value += float(loss.detach())
     return value
