@@ -72,15 +72,23 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
 
     log = run_experiment(out, world, home)
     assert "rollout.backend=hf" in log
-    # The shipped recipe trains GRPO on the two-hop questions only (EXP_GRPO_SOURCES unset).
+    # The shipped recipe trains GRPO on both kinds, every two-hop question three times and every
+    # single-hop one once (EXP_GRPO_SOURCES unset), never on a dev question.
+    import collections
+    import re
+
     import pyarrow.parquet as pq
     assert "GRPO prompts:" in log
     grpo_file = out / "data" / "train_grpo.parquet"
-    assert set(pq.read_table(grpo_file).column("data_source").to_pylist()) == {"synth_hotpotqa"}
+    train = collections.Counter(pq.read_table(out / "data" / "train.parquet").column("data_source").to_pylist())
+    grpo = collections.Counter(pq.read_table(grpo_file).column("data_source").to_pylist())
+    assert grpo == {"synth_hotpotqa": 3 * train["synth_hotpotqa"], "synth_nq": train["synth_nq"]}
     assert f"data.train_files=['{grpo_file}']" in (out / "grpo_auto_seed0" / "exp_args.txt").read_text()
-    # ... with the supervised anchor on single-hop demonstrations (algorithm.anchor_coef)
-    assert "supervised anchor:" in log and "(0 two-hop)" in log
-    assert "algorithm.anchor_coef=1.0" in (out / "grpo_auto_seed0" / "exp_args.txt").read_text()
+    # ... with the supervised anchor at coefficient 4 on demonstrations of both kinds, half two-hop
+    anchor = re.search(r"supervised anchor: (\d+) demonstrations \((\d+) two-hop\).* at coefficient 4\.0", log)
+    assert anchor and int(anchor[2]) > 0, log[-3000:]
+    record = (out / "grpo_auto_seed0" / "exp_args.txt").read_text()
+    assert "algorithm.anchor_coef=4.0" in record and "algorithm.anchor_two_hop_share=0.5" in record
     for arm in ("no-search", "rag", "warm-start", "grpo-s0"):
         results = json.loads((out / "eval" / "test" / arm / "results.json").read_text())
         per_source = results["metrics"]["per_source"]
