@@ -79,15 +79,20 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
 
     import pyarrow.parquet as pq
     assert "GRPO prompts:" in log
+    run = out / "grpo_auto_seed0"
+    record = (run / "exp_args.txt").read_text()
     grpo_file = out / "data" / "train_grpo.parquet"
-    train = collections.Counter(pq.read_table(out / "data" / "train.parquet").column("data_source").to_pylist())
-    grpo = collections.Counter(pq.read_table(grpo_file).column("data_source").to_pylist())
-    assert grpo == {"synth_hotpotqa": 3 * train["synth_hotpotqa"], "synth_nq": train["synth_nq"]}
-    assert f"data.train_files=['{grpo_file}']" in (out / "grpo_auto_seed0" / "exp_args.txt").read_text()
+    train = pq.read_table(out / "data" / "train.parquet").to_pylist()  # the training questions minus dev
+    grpo = pq.read_table(grpo_file).to_pylist()
+    sources = collections.Counter(r["data_source"] for r in train)
+    assert collections.Counter(r["data_source"] for r in grpo) == {"synth_hotpotqa": 3 * sources["synth_hotpotqa"],
+                                                                  "synth_nq": sources["synth_nq"]}
+    weight = {"synth_hotpotqa": 3, "synth_nq": 1}
+    assert sorted(r["id"] for r in grpo) == sorted(r["id"] for r in train for _ in range(weight[r["data_source"]]))
+    assert f"data.train_files=['{grpo_file}']" in record
     # ... with the supervised anchor at coefficient 4 on demonstrations of both kinds, half two-hop
     anchor = re.search(r"supervised anchor: (\d+) demonstrations \((\d+) two-hop\).* at coefficient 4\.0", log)
     assert anchor and int(anchor[2]) > 0, log[-3000:]
-    record = (out / "grpo_auto_seed0" / "exp_args.txt").read_text()
     assert "algorithm.anchor_coef=4.0" in record and "algorithm.anchor_two_hop_share=0.5" in record
     for arm in ("no-search", "rag", "warm-start", "grpo-s0"):
         results = json.loads((out / "eval" / "test" / arm / "results.json").read_text())
@@ -111,8 +116,6 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
     assert "### Two-hop test answers by failure cause" in comparison
     assert "| warm-start | 2 |" in comparison and "| grpo-s0 | 2 |" in comparison
     assert (out / "comparison.png").stat().st_size > 0
-    run = out / "grpo_auto_seed0"
-    record = (run / "exp_args.txt").read_text()
     assert "trainer.seed=0" in record and "retriever.url" not in record  # the port changes every run
     assert "trainer.val_sampler=hf" in record  # dev is judged by the deterministic HF sampler by default
 
