@@ -32,7 +32,7 @@ def register() -> None:
     """Register the CPU platform now and the `hf` rollout once verl's rollout package loads (idempotent)."""
     from verl.plugin.platform import PlatformRegistry
 
-    from verl_ext import register_after_import
+    from verl_ext.after_import import register_after_import
     from verl_ext.cpu.platform import PLATFORM_NAME, PlatformCPU
 
     if PlatformRegistry.get(PLATFORM_NAME) is None:
