@@ -8,7 +8,7 @@ not a test). Needs the vLLM-on-CPU environment (make install-vllm; docs/vllm_cpu
 Every row generates exactly --max-tokens tokens (EOS ignored), temperature 1, seeded. tokens/s = rows x
 max_tokens x calls / wall seconds of one measured step, best of --repeats, after a warm-up call. Both
 sides use the same cores: HF with torch.set_num_threads(cores), vLLM with its OpenMP threads bound to
-those cores (the CPU platform's rollout_env_vars()); the sides run one after the other, never
+those cores (search_r1.vllm_cpu.vllm_thread_binding()); the sides run one after the other, never
 together. On a host shared with other jobs, OpenMP threads spin-wait at every parallel region for a
 sibling thread that may not be scheduled, which can make 2-thread figures many times slower than
 1-thread ones; --cores 1 gives figures that hold up better there (one thread per side), and the load
@@ -193,13 +193,13 @@ def main() -> None:
     rounds = args.rounds if args.setting == "trainer" else 1
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from verl_ext.cpu.platform import PlatformCPU, cpu_list_spec
+    from search_r1.vllm_cpu import cpu_list_spec, vllm_thread_binding
 
     allowed = sorted(os.sched_getaffinity(0))
     if args.cores:
         allowed = allowed[:args.cores]
         os.sched_setaffinity(0, allowed)  # HF's threads; vLLM's are bound by the variable below
-    os.environ.update(PlatformCPU().rollout_env_vars())  # read by the vLLM engine processes
+    os.environ.update(vllm_thread_binding())  # read by the vLLM engine processes
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list_spec(allowed)
     if args.setting == "trainer":
         # weight_sync_seconds sends a function to vLLM's worker, which vLLM allows only with this set

@@ -12,7 +12,8 @@ so the server runs with that environment's interpreter, not necessarily this one
 
 The server gets its own process group (the API server spawns an engine and a worker process; stopping
 the group stops all three). Its threads are bound to every core this process may run on, none reserved
-(verl_ext.cpu.platform's rollout environment): the trainer's workers wait while it generates.
+(search_r1.vllm_cpu, as for verl's vLLM servers on the CPU platform): the trainer's workers wait while
+it generates.
 
 `weight_sync=True` loads vLLM's worker extension `verl_ext.cpu.vllm_worker.CPUWeightSyncExtension`
 and turns on vLLM's development endpoints (`VLLM_SERVER_DEV_MODE=1`: `/collective_rpc`,
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 
 from retriever_server.launcher import ServerStartError, free_port
+from search_r1.vllm_cpu import vllm_thread_binding
 
 WEIGHT_SYNC_EXTENSION = "verl_ext.cpu.vllm_worker.CPUWeightSyncExtension"
 STARTUP_TIMEOUT_S = 600.0  # import vllm ~20 s, engine ~10-30 s on an idle 2-core host; far more when busy
@@ -68,9 +70,7 @@ def find_vllm_python(setting: str = "auto") -> str:
 
 def vllm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment of a vLLM process: offline, one OpenMP binding over every allowed core."""
-    from verl_ext.cpu.platform import PlatformCPU
-
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **PlatformCPU().rollout_env_vars(),
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **vllm_thread_binding(),
             **(extra or {})}
 
 

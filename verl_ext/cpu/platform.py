@@ -18,6 +18,7 @@ What verl asks of a platform and why the answers are these:
   CPU meanings (no cache to empty, process RSS as "allocated", the CPU RNG state).
 - `communication_backend_name` "gloo": torch's only CPU collective backend.
 - `rollout_env_vars()`: vLLM's CPU thread binding for verl's vLLM server actors (the method says why).
+- `check_cpu_rollout_config(config)`: rollout settings vLLM's CPU backend rejects fail early, naming the fix.
 - `compute_threads(n)`: torch threads for each of the n training workers (or `hf` rollout servers)
   of a node, which compute while the others wait (the function says why).
 - `ray_resource_name` "GPU": verl's resource pools always ask Ray for accelerators
@@ -35,6 +36,8 @@ from typing import Any, Optional
 import torch
 
 from verl.plugin.platform import PlatformBase
+
+from search_r1.vllm_cpu import vllm_thread_binding
 
 PLATFORM_NAME = "cpu"
 COMPUTE_THREADS_ENV = "SEARCH_R1_COMPUTE_THREADS"
@@ -193,20 +196,9 @@ class PlatformCPU(PlatformBase):
 
     def rollout_env_vars(self) -> dict[str, str]:
         """Environment of verl's rollout server actors (`vLLMReplica.launch_servers` puts it in their
-        runtime_env, so the vLLM engine and worker processes inherit it).
-
-        vLLM's CPU worker binds its OpenMP threads to `VLLM_CPU_OMP_THREADS_BIND`. The default, "auto",
-        takes one logical CPU per physical core of one NUMA node and keeps
-        `VLLM_CPU_NUM_OF_RESERVED_CPU` (1 on x86) of them free for vLLM's scheduler process: on a
-        2-core host generation gets one core. In verl's sync trainer the training workers wait while
-        the rollout generates, so the rollout gets every core this process may run on and none
-        reserved. Values set in the environment win (e.g. `0-3|4-7` for tensor parallel 2).
-        """
-        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-        return {
-            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", cpu_list_spec(cores)),
-            "VLLM_CPU_NUM_OF_RESERVED_CPU": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"),
-        }
+        runtime_env, so the vLLM engine and worker processes inherit it): vLLM's thread binding over
+        every core this process may run on, none reserved (`search_r1.vllm_cpu` says why)."""
+        return vllm_thread_binding()
 
     def is_ipc_supported(self) -> bool:
         return False
@@ -215,20 +207,17 @@ class PlatformCPU(PlatformBase):
         return None
 
 
-def cpu_list_spec(cores: list[int]) -> str:
-    """Sorted CPU ids -> vLLM's list syntax with ranges: [0, 1, 2, 5] -> "0-2,5"."""
-    if not cores:
-        raise ValueError("cpu_list_spec: no CPU ids (is the process's CPU affinity empty?)")
-    runs = [[cores[0], cores[0]]]
-    for core in cores[1:]:
-        if core == runs[-1][1] + 1:
-            runs[-1][1] = core
-        else:
-            runs.append([core, core])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
 def is_cpu_platform() -> bool:
     """True when this process selected the CPU platform (`VERL_PLATFORM=cpu`): the runs of verl's
     trainer on a CPU (the `*_cpu` configs), whose workers verl_ext/cpu swaps."""
     return os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME
+
+
+def check_cpu_rollout_config(config) -> None:
+    """Raise ValueError for rollout settings vLLM's CPU backend rejects (vLLM itself fails later, inside
+    its engine process: "Sleep mode is not supported on current platform")."""
+    prefix = "actor_rollout_ref.rollout"
+    if config.enable_sleep_mode:
+        raise ValueError(f"{prefix}.enable_sleep_mode=true: vLLM has no sleep mode on CPU (its CPU worker "
+                         f"cannot release memory; verl's default is true). Fix: +{prefix}.enable_sleep_mode=false "
+                         f"(configs/grpo_verl_cpu_vllm.yaml sets it)")

@@ -19,16 +19,6 @@ from verl_ext.cpu.platform import is_cpu_platform
 ROLLOUT_NAME = "vllm"
 
 
-def check_cpu_rollout_config(config) -> None:
-    """Raise ValueError for rollout settings vLLM's CPU backend rejects (vLLM itself fails later, inside
-    its engine process: "Sleep mode is not supported on current platform")."""
-    prefix = "actor_rollout_ref.rollout"
-    if config.enable_sleep_mode:
-        raise ValueError(f"{prefix}.enable_sleep_mode=true: vLLM has no sleep mode on CPU (its CPU worker "
-                         f"cannot release memory; verl's default is true). Fix: +{prefix}.enable_sleep_mode=false "
-                         f"(configs/grpo_verl_cpu_vllm.yaml sets it)")
-
-
 def _replica_loader(verl_loader):
     def load():
         if not is_cpu_platform():

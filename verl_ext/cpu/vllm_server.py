@@ -15,7 +15,7 @@ from __future__ import annotations
 import ray
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
-from verl_ext.cpu.vllm_replica import check_cpu_rollout_config
+from verl_ext.cpu.platform import check_cpu_rollout_config
 
 WORKER_EXTENSION = "verl_ext.cpu.vllm_worker.CPUWeightSyncExtension"
 

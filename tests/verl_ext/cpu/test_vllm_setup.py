@@ -81,7 +81,8 @@ def test_check_reports_a_missing_engine(monkeypatch):
 
 
 def test_rollout_env_binds_every_allowed_core_and_keeps_user_values(monkeypatch):
-    from verl_ext.cpu.platform import PlatformCPU, cpu_list_spec
+    from search_r1.vllm_cpu import cpu_list_spec
+    from verl_ext.cpu.platform import PlatformCPU
 
     assert cpu_list_spec([0, 1, 2, 5]) == "0-2,5" and cpu_list_spec([3]) == "3" and cpu_list_spec([1, 3, 4]) == "1,3-4"
     with pytest.raises(ValueError, match="no CPU ids"):
@@ -112,7 +113,7 @@ def test_vllm_name_keeps_verls_replica_off_the_cpu_platform(monkeypatch):
 def test_sleep_mode_is_refused_with_the_key_and_the_fix():
     from types import SimpleNamespace
 
-    from verl_ext.cpu.vllm_replica import check_cpu_rollout_config
+    from verl_ext.cpu.platform import check_cpu_rollout_config
 
     check_cpu_rollout_config(SimpleNamespace(enable_sleep_mode=False))
     with pytest.raises(ValueError, match=r"enable_sleep_mode=true.*Fix: \+actor_rollout_ref.rollout.enable_sleep_mode=false"):
@@ -133,7 +134,7 @@ def test_vllm_config_is_grpo_verl_cpu_with_the_vllm_rollout_and_passes_the_check
     from verl.utils.config import omega_conf_to_dataclass
 
     from search_r1.models import resolve_model_path
-    from verl_ext.cpu.vllm_replica import check_cpu_rollout_config
+    from verl_ext.cpu.platform import check_cpu_rollout_config
     from verl_ext.main import check_config
 
     # the model path is a resolver that trains the warm-start; a local model keeps this test fast
