@@ -107,7 +107,7 @@ def main() -> None:
     if args.steps < 2:
         parser.error("--steps must be >= 2 (step 1 is a warm-up)")
 
-    from retriever_server.__main__ import ensure_default_index
+    from retriever_server.indexes import ensure_default_index
     from retriever_server.launcher import ServerProcess
 
     sys.path.insert(0, str(REPO / "bench"))

@@ -16,13 +16,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from .cpu import set_threads
+from .cpu import resolve_auto, set_threads
+from .indexes import build_index, check_indexes, ensure_default_index
 
 log = logging.getLogger("retriever_server")
 
@@ -32,76 +30,7 @@ log = logging.getLogger("retriever_server")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-# ---------------------------------------------------------------- default corpus
-
-def default_synth_dir() -> Path:
-    """`$SEARCH_R1_HOME/synth/default` (default home ~/.cache/search-r1), as search_r1.paths says;
-    repeated here because the retriever service imports nothing from search_r1."""
-    home = Path(os.environ.get("SEARCH_R1_HOME", Path.home() / ".cache" / "search-r1")).expanduser()
-    return home / "synth" / "default"
-
-
-def ensure_default_index() -> Path:
-    """Generate the default synthetic world if it is missing, and (re)build its BM25 index unless it
-    was built from this corpus.jsonl; returns the index dir."""
-    from .manifest import index_matches_corpus
-
-    world = default_synth_dir()
-    corpus = world / "corpus.jsonl"
-    if not corpus.exists():
-        print(f"[retriever] generating the default synthetic corpus in {world} ...", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "search_r1.data.synth", "--out", str(world)], check=True)
-    index_dir = world / "index_bm25"
-    if not index_matches_corpus(index_dir, corpus):
-        print(f"[retriever] building the BM25 index {index_dir} ...", file=sys.stderr)
-        build_index(corpus, "bm25", index_dir, force=True)
-    return index_dir
-
-
 # ---------------------------------------------------------------- build
-
-def build_index(corpus: Path, kind: str, out: Path, force: bool = False, **kw) -> Path:
-    """Build into a temporary sibling directory and rename it into place, so that a crashed or
-    concurrent build never leaves a half-written index behind a valid-looking path."""
-    from .bm25_index import build_bm25
-    from .corpus_store import build_store
-    from .dense_index import build_dense
-    from .manifest import STORE_SUBDIR, Manifest, file_sha256, now_iso, publish_index
-
-    corpus, out = Path(corpus), Path(out)
-    if kind not in ("bm25", "dense"):
-        raise ValueError(f"--kind {kind!r}; allowed values are ['bm25', 'dense']")
-    if not corpus.is_file():
-        raise FileNotFoundError(f"--corpus {corpus}: no such file (a jsonl of "
-                                '{"id": ..., "contents": "\\"Title\\"\\ntext"} lines)')
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise FileExistsError(f"--out {out} exists and is not empty; pass --force to replace it")
-        if not (out / "manifest.json").exists():
-            raise FileExistsError(f"--out {out} is not an index directory (no manifest.json); "
-                                  "refusing to delete it, choose another --out")
-    t0 = time.time()
-    with open(corpus, "rb") as f:
-        n_docs = sum(1 for line in f if line.strip())
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        docs = build_store(corpus, tmp / STORE_SUBDIR)
-        if kind == "bm25":
-            params = build_bm25(docs, tmp, n_docs=n_docs, **kw)
-        else:
-            params = build_dense(docs, tmp, n_docs=n_docs, **kw)
-        Manifest(kind=kind, corpus_path=str(corpus.resolve()), corpus_size=n_docs,
-                 corpus_sha256=file_sha256(corpus), params=params,
-                 build_seconds=round(time.time() - t0, 2), built_at=now_iso()).write(tmp)
-        publish_index(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"[retriever] built {kind} index over {n_docs} passages in {time.time() - t0:.1f}s -> {out}",
-          file=sys.stderr)
-    return out
-
 
 def cmd_build(args) -> None:
     if args.kind == "bm25":
@@ -131,43 +60,6 @@ def cmd_import(args) -> None:
 
 
 # ---------------------------------------------------------------- serve
-
-def check_indexes(index_dirs: list[Path]) -> list:
-    """Read the manifests; several indexes must come from the same corpus file (same rows)."""
-    from .manifest import read_manifest
-
-    manifests = [read_manifest(d) for d in index_dirs]
-    if len({m.corpus_sha256 for m in manifests}) > 1:
-        raise ValueError("the --index directories were built from different corpora ("
-                         + ", ".join(f"{d}: {m.corpus_path}" for d, m in zip(index_dirs, manifests))
-                         + "); hybrid fusion needs the same corpus.jsonl for every index")
-    return manifests
-
-
-def resolve_auto(args, kinds: list[str]) -> None:
-    """Fill in `auto` for --workers / --torch-threads / --faiss-threads / --max-batch (in place).
-
-    With a dense index, `auto` runs one batch per CPU at once, each encoded with one torch thread:
-    measured on 2 cores, two single-threaded batches in flight encode 1.1-1.5x the queries of one
-    batch on two threads (small matrices scale poorly across threads), and the tokenizing, search
-    and HTTP work of one batch overlaps the other's encoding. Dense batches are capped at 64 queries:
-    larger ones encode no faster per query, and smaller ones keep the search threads out of step
-    (one answers its clients while the other computes; at 100k passages the served share of the
-    encoder ceiling went from 79% to 92% fp32, 71% to 86% int8). BM25 search is numpy code that
-    mostly holds the GIL: one batch at a time, up to 256 queries (the event loop uses the other core).
-    """
-    cpus = max(1, (os.cpu_count() or 1) // max(1, args.processes))
-    dense = "dense" in kinds
-    if args.workers == "auto":
-        args.workers = cpus if dense else 1
-    per_worker = max(1, cpus // args.workers)
-    if args.torch_threads == "auto":
-        args.torch_threads = per_worker
-    if args.faiss_threads == "auto":
-        args.faiss_threads = per_worker
-    if args.max_batch == "auto":
-        args.max_batch = 64 if dense else 256
-
 
 def load_searcher(index_dirs: list[Path], args):
     """One index -> its searcher; several -> RRF hybrid (all built over the same corpus file)."""

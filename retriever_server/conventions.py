@@ -17,11 +17,12 @@ name the same way):
     emb = pool(last_hidden_state [n, L, H], attention_mask [n, L])        [n, H]
     emb = emb / ||emb||   when normalized (inner product = cosine)
 
-`auto` picks the family from the model's name (its `_name_or_path` in config.json, else the directory
-name): a name containing the word e5, bge or dpr; anything else is `st`. Flags (--pooling,
---query-prefix, --passage-prefix, --normalize/--no-normalize) override single fields. The resolved
-convention is written into the index manifest and the server encodes queries by it, so an index is
-never queried with another convention than the one its passages were encoded with.
+`read_st_layout` reads what a sentence-transformers directory declares (its pooling, whether it
+normalizes). `auto` picks the family from the model's name (its `_name_or_path` in config.json, else
+the directory name): a name containing the word e5, bge or dpr; anything else is `st`. Flags
+(--pooling, --query-prefix, --passage-prefix, --normalize/--no-normalize) override single fields. The
+resolved convention is written into the index manifest and the server encodes queries by it, so an
+index is never queried with another convention than the one its passages were encoded with.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ POOLINGS = ("mean", "cls", "max")
 NAMES = ("auto", "e5", "bge", "st", "dpr")
 BGE_EN_INSTRUCTION = "Represent this sentence for searching relevant passages: "
 BGE_ZH_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
+_SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")  # sentence-transformers modules the encoder implements
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,40 @@ def family_convention(family: str, name: str, st_pooling: str, st_normalize: boo
     raise ValueError(f"--convention {family!r}; allowed values are {list(NAMES)}")
 
 
+def read_st_layout(model_dir: Path) -> tuple[Path, str, int | None, bool]:
+    """(transformer dir, pooling mode, max_seq_length, normalized) of a sentence-transformers or HF
+    directory; a plain HF directory gives mean pooling, normalized.
+
+    Raises:
+        ValueError: for sentence-transformers modules this encoder does not implement (e.g. Dense).
+    """
+    modules_file = model_dir / "modules.json"
+    if not modules_file.exists():
+        return model_dir, "mean", None, True
+    transformer_dir, pooling, normalize = model_dir, "mean", False
+    for module in json.loads(modules_file.read_text()):
+        kind = module["type"].rsplit(".", 1)[-1]
+        if kind not in _SUPPORTED_MODULES:
+            raise ValueError(f"{modules_file}: module type {module['type']!r} is not supported; "
+                             f"supported: {list(_SUPPORTED_MODULES)}")
+        path = model_dir / module.get("path", "")
+        if kind == "Transformer":
+            transformer_dir = path
+        elif kind == "Normalize":
+            normalize = True
+        elif kind == "Pooling" and (path / "config.json").exists():
+            cfg = json.loads((path / "config.json").read_text())
+            pooling = ("cls" if cfg.get("pooling_mode_cls_token") else
+                       "max" if cfg.get("pooling_mode_max_tokens") else "mean")
+    max_len = None
+    for cfg_dir in (transformer_dir, model_dir):
+        cfg_file = cfg_dir / "sentence_bert_config.json"
+        if cfg_file.exists():
+            max_len = json.loads(cfg_file.read_text()).get("max_seq_length")
+            break
+    return transformer_dir, pooling, max_len, normalize
+
+
 def resolve_convention(model_dir: Path, convention: str = "auto", pooling: str | None = None,
                        query_prefix: str | None = None, passage_prefix: str | None = None,
                        normalize: bool | None = None) -> EncoderConvention:
@@ -107,8 +143,6 @@ def resolve_convention(model_dir: Path, convention: str = "auto", pooling: str |
     Raises:
         ValueError: for an unknown convention name or pooling mode.
     """
-    from .encoder import read_st_layout
-
     if convention not in NAMES:
         raise ValueError(f"--convention {convention!r}; allowed values are {list(NAMES)}")
     _, st_pooling, _, st_normalize = read_st_layout(model_dir)

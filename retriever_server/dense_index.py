@@ -23,8 +23,8 @@ from typing import Iterable
 
 import numpy as np
 
-from .conventions import EncoderConvention, resolve_convention
-from .encoder import TextEncoder, read_st_layout
+from .conventions import EncoderConvention, read_st_layout, resolve_convention
+from .encoder import TextEncoder
 from .shards import (FAISS_FILE, SliceRef, SliceSearcher, describe_faiss, flat_rows, merge_topk,
                      read_faiss, slice_bounds, slice_file, slices_of, to_gpus)
 

@@ -16,50 +16,15 @@ the pooling the directory declares and normalization (inner product = cosine).
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 from pathlib import Path
 
 import numpy as np
 
+from .conventions import EncoderConvention, read_st_layout
 from .cpu import has_amx_int8
 
 QUANTIZE = ("none", "int8")
-_SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
-
-
-def read_st_layout(model_dir: Path) -> tuple[Path, str, int | None, bool]:
-    """(transformer dir, pooling mode, max_seq_length, normalized) of a sentence-transformers or HF
-    directory; a plain HF directory gives mean pooling, normalized.
-
-    Raises:
-        ValueError: for sentence-transformers modules this encoder does not implement (e.g. Dense).
-    """
-    modules_file = model_dir / "modules.json"
-    if not modules_file.exists():
-        return model_dir, "mean", None, True
-    transformer_dir, pooling, normalize = model_dir, "mean", False
-    for module in json.loads(modules_file.read_text()):
-        kind = module["type"].rsplit(".", 1)[-1]
-        if kind not in _SUPPORTED_MODULES:
-            raise ValueError(f"{modules_file}: module type {module['type']!r} is not supported; "
-                             f"supported: {list(_SUPPORTED_MODULES)}")
-        path = model_dir / module.get("path", "")
-        if kind == "Transformer":
-            transformer_dir = path
-        elif kind == "Normalize":
-            normalize = True
-        elif kind == "Pooling" and (path / "config.json").exists():
-            cfg = json.loads((path / "config.json").read_text())
-            pooling = ("cls" if cfg.get("pooling_mode_cls_token") else
-                       "max" if cfg.get("pooling_mode_max_tokens") else "mean")
-    max_len = None
-    for cfg_dir in (transformer_dir, model_dir):
-        cfg_file = cfg_dir / "sentence_bert_config.json"
-        if cfg_file.exists():
-            max_len = json.loads(cfg_file.read_text()).get("max_seq_length")
-            break
-    return transformer_dir, pooling, max_len, normalize
 
 
 def model_fingerprint(model_dir: Path) -> str:
@@ -102,7 +67,6 @@ class TextEncoder:
 
         transformer_dir, st_pooling, st_max_len, _ = read_st_layout(Path(model_dir))
         if convention is None:
-            from .conventions import EncoderConvention
             convention = EncoderConvention("st", pooling=st_pooling, normalize=True)
         self.convention = convention
         self.pooling, self.normalize = convention.pooling, convention.normalize

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .conventions import EncoderConvention, resolve_convention
+from .conventions import EncoderConvention, read_st_layout, resolve_convention
 
 # Relative difference |v - stored| / |stored| accepted by --verify: an index encoded in fp16 on a GPU
 # (upstream's builder uses fp16) differs from our fp32 re-encoding by ~1e-3; a wrong prefix or pooling
@@ -109,7 +109,6 @@ def encoder_dim(model_path: Path) -> int:
     """The encoder's output dimension from its config (no weights loaded)."""
     from transformers import AutoConfig
 
-    from .encoder import read_st_layout
     cfg = AutoConfig.from_pretrained(str(read_st_layout(model_path)[0]), local_files_only=True)
     for name in ("hidden_size", "d_model", "dim"):
         if getattr(cfg, name, None):

@@ -153,10 +153,9 @@ class IngressReplica:
     def __init__(self, shard_handles: list, cfg: dict):
         import argparse
 
-        from .__main__ import resolve_auto
         from .app import Limits
         from .corpus_store import open_store
-        from .cpu import set_threads
+        from .cpu import resolve_auto, set_threads
         from .dense_index import DenseSearcher
         from .manifest import STORE_SUBDIR, read_manifest
 
@@ -197,7 +196,7 @@ def build_application(args):
     """
     from ray import serve
 
-    from .__main__ import check_indexes
+    from .indexes import check_indexes
     from .shards import slices_of
 
     if len(args.index) != 1:

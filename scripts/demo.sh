@@ -27,7 +27,7 @@ SYNTH_DIR="$("$PYTHON" -c 'from search_r1.paths import default_synth_dir; print(
 # Both steps do nothing when the world and its index are current (a world from another seed or an
 # older generator is regenerated, and an index built from another corpus.jsonl is rebuilt).
 "$PYTHON" -m search_r1.data.synth --out "$SYNTH_DIR" --seed 0 --if-stale
-"$PYTHON" -c 'from retriever_server.__main__ import ensure_default_index; ensure_default_index()'
+"$PYTHON" -c 'from retriever_server.indexes import ensure_default_index; ensure_default_index()'
 
 if [[ -d outputs/demo ]]; then
   echo "[demo] removing the previous demo run outputs/demo (a fresh run each time)"

@@ -138,7 +138,7 @@ with initialize_config_dir(config_dir=str(Path("configs").resolve()), version_ba
     cfg = TrainConfig.from_dict(OmegaConf.to_container(compose("grpo_cpu", overrides=rest), resolve=True))
 data = prepare_data(cfg)  # generates the default world when data.dir=auto and it is stale
 if mode == "setup":
-    from retriever_server.__main__ import build_index
+    from retriever_server.indexes import build_index
     from retriever_server.manifest import index_matches_corpus
 
     index = Path(cfg.retriever.index).expanduser() if cfg.retriever.index else data.dir / "index_bm25"

@@ -112,7 +112,7 @@ def main() -> int:
     started = time.perf_counter()
     timings: dict[str, float] = {}
 
-    from retriever_server.__main__ import ensure_default_index
+    from retriever_server.indexes import ensure_default_index
     from retriever_server.launcher import ServerProcess
     from search_r1.paths import default_synth_dir
 

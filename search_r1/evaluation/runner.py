@@ -346,7 +346,7 @@ def resolve_index_arg(index: str | None) -> str | None:
     """An index directory from a --retriever-index value: `default` means the default synthetic
     world's BM25 index (generated and built when missing or stale); anything else is a directory."""
     if index == DEFAULT_INDEX:
-        from retriever_server.__main__ import ensure_default_index
+        from retriever_server.indexes import ensure_default_index
 
         return str(ensure_default_index())
     return index

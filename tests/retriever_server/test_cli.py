@@ -5,7 +5,8 @@ import sys
 
 import requests
 
-from retriever_server.__main__ import build_parser, default_synth_dir
+from retriever_server.__main__ import build_parser
+from retriever_server.indexes import default_synth_dir
 from tests._fixtures.retriever import REPO, RetrieverHandle, _env
 
 
@@ -43,7 +44,7 @@ def test_serve_defaults():
 def test_auto_flags(monkeypatch):
     """Dense: one single-threaded batch of <= 64 queries per CPU in flight; BM25: one batch of <= 256;
     explicit flags win."""
-    from retriever_server.__main__ import resolve_auto
+    from retriever_server.cpu import resolve_auto
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     parse = lambda *a: build_parser().parse_args(["serve", *a])  # noqa: E731
     for kinds, flags, want in [
@@ -100,7 +101,7 @@ def test_no_arguments_builds_and_serves_the_default_corpus(tmp_path):
 
 def test_default_index_is_rebuilt_when_the_default_corpus_changes(monkeypatch, tmp_path):
     """A regenerated default world (another seed, another size) must not be served by the old index."""
-    from retriever_server.__main__ import ensure_default_index
+    from retriever_server.indexes import ensure_default_index
     from retriever_server.manifest import file_sha256, read_manifest
     monkeypatch.setenv("SEARCH_R1_HOME", str(tmp_path))
     index_dir = ensure_default_index()

@@ -102,7 +102,7 @@ def test_manifest_records_the_convention_and_the_server_encodes_by_it(models, sy
     from that manifest encodes queries with "query: ": as upstream's builder and server do."""
     import torch
 
-    from retriever_server.__main__ import build_index
+    from retriever_server.indexes import build_index
     from retriever_server.dense_index import DenseSearcher, check_model
     from retriever_server.encoder import TextEncoder
     from retriever_server.manifest import read_manifest

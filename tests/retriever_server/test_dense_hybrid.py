@@ -29,7 +29,7 @@ def dense_world(synth_world, tmp_path_factory):
     # in-process (same code as the CLI's build): this process imports transformers for the int8
     # test anyway, and a subprocess would pay that import again
     import torch
-    from retriever_server.__main__ import build_index
+    from retriever_server.indexes import build_index
     torch.set_num_threads(1)
     dense = build_index(corpus, "dense", root / "dense")
     servers = {}

@@ -22,7 +22,8 @@ def sharded(ray_session, synth_world, tmp_path_factory):
     import torch
     from ray import serve
 
-    from retriever_server.__main__ import build_index, build_parser
+    from retriever_server.__main__ import build_parser
+    from retriever_server.indexes import build_index
     from retriever_server.launcher import free_port
     from retriever_server.ray_serve import APP_NAME, deploy
     torch.set_num_threads(1)
