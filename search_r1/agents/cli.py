@@ -45,13 +45,11 @@ class BatchConfig:
         return dict(self.settings)
 
 
-def build_parser(agent: str) -> argparse.ArgumentParser:
+def build_parser(agent: str, epilog: str | None = None) -> argparse.ArgumentParser:
+    """The flags of `python -m search_r1.agents.<agent>`; `epilog`: the agent module's docstring."""
     b = DEFAULT_BUDGETS[agent]
-    import importlib
-
     p = argparse.ArgumentParser(prog=f"python -m search_r1.agents.{agent}", description=DESCRIPTIONS[agent],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=importlib.import_module(f"search_r1.agents.{agent}").__doc__)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog)
     g = p.add_argument_group("model")
     g.add_argument("--model", required=True,
                    help="local: an alias (smollm2-135m-instruct), an HF directory, one of our checkpoints "
@@ -170,22 +168,9 @@ def open_tools(args, stack: contextlib.ExitStack, log_dir: Path):
     return SearchTool(engine), AccessTool(retriever=retriever, fetcher=fetcher, max_chars=args.doc_chars)
 
 
-def make_agent(agent: str, args, model, search, access):
-    budgets = Budgets(max_steps=args.max_steps, max_tool_calls=args.max_tool_calls, max_tokens=args.max_tokens,
-                      max_seconds=args.max_seconds)
-    if agent == "toolcall":
-        from search_r1.agents.toolcall import ToolCallAgent, ToolCallConfig
-
-        transcript = args.transcript if args.transcript != "auto" else ("messages" if args.base_url else "inline")
-        config = ToolCallConfig(budgets=budgets, max_tokens_per_turn=args.max_tokens_per_turn,
-                                temperature=args.temperature, transcript=transcript, date=args.date, seed=args.seed)
-        return ToolCallAgent(model, search, access if args.tools == "search,access" else None, config)
-    from search_r1.agents.weaver import WeaverAgent, WeaverConfig
-
-    config = WeaverConfig(budgets=budgets, planner_tokens=args.planner_tokens, long_tokens=args.long_tokens,
-                          writer_steps=args.writer_steps, page_chars=args.page_chars, temperature=args.temperature,
-                          date=args.date, seed=args.seed)
-    return WeaverAgent(model, search, access, config)
+def budgets_of(args) -> Budgets:
+    return Budgets(max_steps=args.max_steps, max_tool_calls=args.max_tool_calls, max_tokens=args.max_tokens,
+                   max_seconds=args.max_seconds)
 
 
 def settings(agent: str, args) -> dict:
@@ -196,12 +181,17 @@ def settings(agent: str, args) -> dict:
 
 
 # -- running -------------------------------------------------------------------------------------
-def run_cli(agent: str, argv=None) -> int:
+def run_cli(agent: str, make_agent, argv=None, epilog: str | None = None) -> int:
+    """Parse `argv` and run one question or a batch; 0 on success, 2 on a user error (one line on stderr).
+
+    `make_agent(args, model, search, access, budgets)` builds the agent from the parsed flags; each
+    agent module passes its own (`toolcall.agent_from_flags`, `weaver.agent_from_flags`), so this
+    module imports no agent."""
     from retriever_server.launcher import ServerStartError
     from search_r1.rollout.backends import GenerationError
     from search_r1.search.base import SearchError
 
-    args = build_parser(agent).parse_args(argv)
+    args = build_parser(agent, epilog).parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         if bool(args.question) == bool(args.data):
@@ -216,23 +206,23 @@ def run_cli(agent: str, argv=None) -> int:
             import torch
 
             torch.set_num_threads(args.threads)
-        return _single(agent, args) if args.question else _batch(agent, args)
+        return _single(agent, make_agent, args) if args.question else _batch(agent, make_agent, args)
     except (ValueError, FileNotFoundError, GenerationError, SearchError, ServerStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
-def _load(agent: str, args, stack, log_dir: Path):
+def _load(make_agent, args, stack, log_dir: Path):
     from search_r1.agents.chat import load_chat_model
 
     search, access = open_tools(args, stack, log_dir)
     model = load_chat_model(args.model, args.base_url, args.api_key_env, args.dtype,
                             max_concurrency=max(8, args.concurrency))
     stack.callback(model.close)
-    return make_agent(agent, args, model, search, access)
+    return make_agent(args, model, search, access, budgets_of(args))
 
 
-def _single(agent: str, args) -> int:
+def _single(agent: str, make_agent, args) -> int:
     from search_r1.evaluation.runner import write_atomic
 
     console = None if args.quiet else (lambda line: print(line, flush=True))
@@ -244,7 +234,7 @@ def _single(agent: str, args) -> int:
             log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="search_r1_agent_")))
         else:
             log_dir = out
-        runner = _load(agent, args, stack, log_dir)
+        runner = _load(make_agent, args, stack, log_dir)
         if agent == "weaver":
             result = runner.run(args.question, out, console=console)
             print(f"\nAnswer: {result['answer'] if result['answer'] is not None else '(none)'}")
@@ -252,8 +242,6 @@ def _single(agent: str, args) -> int:
             for hit in result["budget"]["hits"]:
                 print(f"Budget: {hit['budget']} {hit['used']}/{hit['limit']} in {hit['phase']}: {hit['then']}")
             return 0
-        from search_r1.agents.toolcall import format_answer
-
         result = runner.run(args.question, console=console)
         print("\n" + format_answer(result))
         if out is not None:
@@ -265,6 +253,19 @@ def _single(agent: str, args) -> int:
 
 def _slug(qid: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", qid)[:120] or "question"
+
+
+def format_answer(result: dict) -> str:
+    """The answer with its sources, as printed for a single question."""
+    lines = [f"Answer: {result['answer'] if result['answer'] is not None else '(none)'}"]
+    if result["answer"] is None and result["final_text"].strip():
+        lines.append(f"Final turn: {result['final_text'].strip()[:500]}")
+    if result["sources"]:
+        lines.append("Sources (cited):" if result["cited"] else "Sources (shown to the model, none cited):")
+        lines += [f"  [Doc {s['number']}] {s['label']}" for s in result["sources"]]
+    for hit in result["budget"]["hits"]:
+        lines.append(f"Budget: {hit['budget']} {hit['used']}/{hit['limit']} in {hit['phase']}: {hit['then']}")
+    return "\n".join(lines)
 
 
 def prediction_record(example, result: dict) -> dict:
@@ -289,7 +290,7 @@ def prediction_record(example, result: dict) -> dict:
     return rec
 
 
-def _batch(agent: str, args) -> int:
+def _batch(agent: str, make_agent, args) -> int:
     from tqdm import tqdm
 
     from search_r1.evaluation.metrics import aggregate, markdown_table
@@ -303,7 +304,7 @@ def _batch(agent: str, args) -> int:
     pending = [ex for ex in examples if ex.id not in done]
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        runner = _load(agent, args, stack, out)
+        runner = _load(make_agent, args, stack, out)
         if done:
             print(f"resuming: {len(examples) - len(pending)} of {len(examples)} questions already in "
                   f"{out / PREDICTIONS}", file=sys.stderr)

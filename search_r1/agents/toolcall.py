@@ -259,23 +259,19 @@ class _Run:
         }
 
 
-def format_answer(result: dict) -> str:
-    """The answer with its sources, as printed for a single question."""
-    lines = [f"Answer: {result['answer'] if result['answer'] is not None else '(none)'}"]
-    if result["answer"] is None and result["final_text"].strip():
-        lines.append(f"Final turn: {result['final_text'].strip()[:500]}")
-    if result["sources"]:
-        lines.append("Sources (cited):" if result["cited"] else "Sources (shown to the model, none cited):")
-        lines += [f"  [Doc {s['number']}] {s['label']}" for s in result["sources"]]
-    for hit in result["budget"]["hits"]:
-        lines.append(f"Budget: {hit['budget']} {hit['used']}/{hit['limit']} in {hit['phase']}: {hit['then']}")
-    return "\n".join(lines)
+def agent_from_flags(args, model: ChatModel, search: SearchTool, access: AccessTool,
+                     budgets: Budgets) -> ToolCallAgent:
+    """The agent `python -m search_r1.agents.toolcall`'s flags describe (search_r1/agents/cli.py)."""
+    transcript = args.transcript if args.transcript != "auto" else ("messages" if args.base_url else "inline")
+    config = ToolCallConfig(budgets=budgets, max_tokens_per_turn=args.max_tokens_per_turn,
+                            temperature=args.temperature, transcript=transcript, date=args.date, seed=args.seed)
+    return ToolCallAgent(model, search, access if args.tools == "search,access" else None, config)
 
 
 def main(argv=None) -> int:
     from search_r1.agents.cli import run_cli
 
-    return run_cli("toolcall", argv)
+    return run_cli("toolcall", agent_from_flags, argv, epilog=__doc__)
 
 
 if __name__ == "__main__":

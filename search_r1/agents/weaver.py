@@ -384,10 +384,18 @@ class _WeaverRun:
         }
 
 
+def agent_from_flags(args, model: ChatModel, search: SearchTool, access: AccessTool, budgets: Budgets) -> WeaverAgent:
+    """The agent `python -m search_r1.agents.weaver`'s flags describe (search_r1/agents/cli.py)."""
+    config = WeaverConfig(budgets=budgets, planner_tokens=args.planner_tokens, long_tokens=args.long_tokens,
+                          writer_steps=args.writer_steps, page_chars=args.page_chars, temperature=args.temperature,
+                          date=args.date, seed=args.seed)
+    return WeaverAgent(model, search, access, config)
+
+
 def main(argv=None) -> int:
     from search_r1.agents.cli import run_cli
 
-    return run_cli("weaver", argv)
+    return run_cli("weaver", agent_from_flags, argv, epilog=__doc__)
 
 
 if __name__ == "__main__":
