@@ -22,7 +22,7 @@
 #      validates greedily on EXP_DEV_VAL dev questions before training (first seed of each dtype), every
 #      EXP_DEMO_STEPS steps and after the last step, with the HF sampler (EXP_VAL_SAMPLER) so that the
 #      same model always gets the same dev score;
-#   4. (EXP_TEST=1) greedy evaluation of the test split, once per final model (python -m search_r1.eval):
+#   4. (EXP_TEST=1) greedy evaluation of the test split, once per final model (python -m search_r1.evaluation):
 #      no-search, RAG, warm-start alone (search, before GRPO) and every GRPO run (after GRPO);
 #   5. the comparison (search_r1.evaluation.compare: EM per arm and source with the spread over seeds,
 #      format validity, searches per question, two-hop questions answered after two searches, per-question
@@ -330,7 +330,7 @@ if [[ "$TEST_PER_SOURCE" != "0" ]]; then EVAL+=(--limit-per-source "$TEST_PER_SO
 evaluate() {  # name, then extra flags
   local name="$1"; shift
   echo "[experiment] test eval: $name"
-  "$PYTHON" -m search_r1.eval --out "$OUT/eval/test/$name" --name "$name" "${EVAL[@]}" "$@"
+  "$PYTHON" -m search_r1.evaluation --out "$OUT/eval/test/$name" --name "$name" "${EVAL[@]}" "$@"
 }
 evaluate no-search --model "${WS[no_search/$first_dtype]}" --no-search
 evaluate rag --model "${WS[rag/$first_dtype]}" --rag

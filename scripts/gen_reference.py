@@ -463,7 +463,7 @@ def logged_metrics() -> dict[str, set[str]]:
     "cpu": the embedded trainer (search_r1/trainer/{ray_trainer,workers,metrics,alarms}.py): every str
     or f-string key with a `/` written into a dict there, `{...}` parts as `<*>`; f-string families
     expanded: `timing/<*>` over the `timed(...)` phases, `alarm/<*>` over the `_toggle(...)` names and
-    `val/...` over the eval metrics (search_r1/evaluation/metrics.py METRICS) a validation record holds.
+    `val/...` over the eval metrics (search_r1/scoring.py METRICS) a validation record holds.
     "verl": verl_ext/trainer.py's keys, `val/...` expanded over qa_metrics' metric tuple.
     "agent_loop": verl_ext/agent_loop.py's `simple_timer(name, ...)` names and `metrics[name] = ...`
     counters, which verl aggregates.
@@ -474,7 +474,7 @@ def logged_metrics() -> dict[str, set[str]]:
     ray_trainer = _parse("search_r1/trainer/ray_trainer.py")
     cpu |= {f"timing/{n}" for n in _timing_names(ray_trainer)}
     cpu |= {f"alarm/{n}" for n in _alarm_names(_parse("search_r1/trainer/alarms.py"))}
-    ev = _parse("search_r1/evaluation/metrics.py")
+    ev = _parse("search_r1/scoring.py")
     eval_metrics = next(ast.literal_eval(n.value) for n in ev.body
                         if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "METRICS")
     eval_names = {name for name, _ in eval_metrics}
@@ -667,28 +667,22 @@ def _takes_argv(fn) -> bool:
     return bool(inspect.signature(fn).parameters)
 
 
-def eval_target() -> str:
-    """The evaluation CLI: `search_r1.evaluation` (its __main__) once that exists, else the old module."""
-    return ("search_r1.evaluation.__main__" if (REPO / "search_r1/evaluation/__main__.py").is_file()
-            else "search_r1.eval")
-
-
 @dataclass(frozen=True)
 class Cli:
     command: str  # how it is invoked
-    target: str  # module or script path whose parser documents it ("eval" = eval_target())
+    target: str  # module or script path whose parser documents it
     files: tuple[str, ...]  # source files whose argparse parsers it covers
     args: tuple = ()  # arguments of build_parser
     summary: str = ""  # one line (else the parser's description)
 
     def parser(self) -> argparse.ArgumentParser:
-        return parser_of(eval_target() if self.target == "eval" else self.target, *self.args)
+        return parser_of(self.target, *self.args)
 
 
 CLIS = (
     Cli("python -m retriever_server", "retriever_server.__main__", ("retriever_server/__main__.py",),
         summary="The retrieval server: build an index, import an existing one, serve indexes over HTTP."),
-    Cli("python -m search_r1.evaluation", "eval", ("search_r1/eval.py", "search_r1/evaluation/__main__.py")),
+    Cli("python -m search_r1.evaluation", "search_r1.evaluation.cli", ("search_r1/evaluation/cli.py",)),
     Cli("python -m search_r1.evaluation.compare", "search_r1.evaluation.compare", ("search_r1/evaluation/compare.py",)),
     Cli("python -m search_r1.evaluation.hop_failures", "search_r1.evaluation.hop_failures",
         ("search_r1/evaluation/hop_failures.py",)),

@@ -148,7 +148,7 @@ def main() -> int:
     finally:
         server.stop()
 
-    from search_r1.evaluation.metrics import compare_table
+    from search_r1.scoring import compare_table
 
     table = compare_table(results, ("em", "f1", "format_valid"))
     cfg = json.loads((Path(trained).parent / "trainer_state.json").read_text())["extra_state"]["config"]

@@ -35,7 +35,7 @@ DATA_TEMPLATES = {"base": "tags", "chat": "tags", "tool_call": "tool_call"}
 CHAT_SYSTEM_INSTRUCTION = SEARCH_R1_INSTRUCTION.split(" Question: {question}")[0]
 CHAT_USER_MESSAGE = "Question: {question}\n"
 
-# Baselines of the Search-R1 paper, used by `python -m search_r1.eval --no-search / --rag`: the same
+# Baselines of the Search-R1 paper, used by `python -m search_r1.evaluation --no-search / --rag`: the same
 # answer format (so the same metric functions apply), no search tags offered.
 NO_SEARCH_INSTRUCTION = (
     "Answer the given question directly, without searching. You may reason inside <think> and "

@@ -1,6 +1,6 @@
 """The command line shared by both agents: flags, the model and tools they build, and the two run
 modes: one question (`--question`, with a live trace of actions on the console) or a batch
-(`--data FILE.parquet --out DIR`, scored like `python -m search_r1.eval`: EM / sub-EM / F1 per
+(`--data FILE.parquet --out DIR`, scored like `python -m search_r1.evaluation`: EM / sub-EM / F1 per
 data_source, predictions.jsonl, results.json, resume; several questions in flight with
 `--concurrency`, a progress bar).
 """
@@ -272,7 +272,7 @@ def prediction_record(example, result: dict) -> dict:
     """One predictions.jsonl line: the eval CLI's fields and scores, plus the agent's trace summary.
     format_valid is the agent's own check (valid tool calls / actions and an <answer>); the Search-R1
     tag grammar does not apply to agent transcripts, so the seed reward is not reported."""
-    from search_r1.evaluation.metrics import score_response
+    from search_r1.scoring import score_response
 
     rec = {"id": example.id, "data_source": example.data_source, "question": example.question,
            "golden_answers": list(example.golden_answers)}
@@ -293,7 +293,7 @@ def prediction_record(example, result: dict) -> dict:
 def _batch(agent: str, make_agent, args) -> int:
     from tqdm import tqdm
 
-    from search_r1.evaluation.metrics import aggregate, markdown_table
+    from search_r1.scoring import aggregate, markdown_table
     from search_r1.evaluation.runner import (PREDICTIONS, RESULTS, load_questions, prepare_out_dir, select_examples,
                                              write_atomic)
 

@@ -19,7 +19,7 @@ reference's contexts, so a change is the model's reading, not a different search
     python -m search_r1.evaluation.answer_logprob --data dev.parquet --reference RUN_OR_EVAL_DIR \\
         --model WARMSTART_DIR --model RUN_DIR [--model ...] [--step 0] [--json OUT.json]
 
-The reference is an output directory of `python -m search_r1.eval` (predictions.jsonl) or a training
+The reference is an output directory of `python -m search_r1.evaluation` (predictions.jsonl) or a training
 run directory (val_predictions.jsonl; `--step` picks the validation, default the first). Models are HF
 directories, checkpoints (checkpoints/global_step_N) or run directories (their latest checkpoint),
 scored in float32 whatever dtype they were trained or validated in. Every model must share the first
@@ -121,7 +121,7 @@ def load_reference(path: str, step: int | None) -> list[dict]:
         return list(Run.load(ref).records.values())
     if not (ref / "val_predictions.jsonl").is_file():
         raise ValueError(f"{ref} holds neither predictions.jsonl nor val_predictions.jsonl: pass an output "
-                         f"directory of python -m search_r1.eval or a training run directory that validated")
+                         f"directory of python -m search_r1.evaluation or a training run directory that validated")
     runs = Run.load_validations(ref)
     if step is None:
         step = next(iter(runs))
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", action="append", required=True,
                         help="parquet file(s) the reference was evaluated or validated on (repeatable)")
     parser.add_argument("--reference", required=True,
-                        help="python -m search_r1.eval output directory, or a training run directory")
+                        help="python -m search_r1.evaluation output directory, or a training run directory")
     parser.add_argument("--step", type=int, default=None,
                         help="validation step of a training-run reference (default: its first validation)")
     parser.add_argument("--model", action="append", required=True,

@@ -5,7 +5,7 @@ behaviour, per-question changes, and the verdicts of the learning experiment.
         --arm warm-start=eval/ws --arm grpo=eval/grpo-s0,eval/grpo-s1,eval/grpo-s2 \\
         --before warm-start --after grpo --baseline rag --out comparison.md --json comparison.json
 
-Each `--arm NAME=DIR[,DIR...]` names `python -m search_r1.eval` output directories (results.json +
+Each `--arm NAME=DIR[,DIR...]` names `python -m search_r1.evaluation` output directories (results.json +
 predictions.jsonl); several directories are seeds of one arm, reported as mean and spread (max - min).
 The verdicts compare `--after` (the trained arm) with `--before` (its starting point) and `--baseline`:
 
@@ -44,7 +44,8 @@ class Run:
         path = Path(path)
         preds = path / "predictions.jsonl"
         if not preds.is_file():
-            raise ValueError(f"{path} has no predictions.jsonl: pass an output directory of python -m search_r1.eval")
+            raise ValueError(f"{path} has no predictions.jsonl: pass an output directory of "
+                             "python -m search_r1.evaluation")
         records = {}
         for line in preds.read_text().splitlines():
             if line.strip():

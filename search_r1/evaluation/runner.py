@@ -6,7 +6,7 @@ Three modes, the comparisons of the Search-R1 paper:
   rag        one retrieval with the question, the passages put in the prompt
              (`prompts.RAG_INSTRUCTION`), one round, no search.
 Every mode runs `LLMGenerationManager.run_llm_loop(is_validation=True)` (greedy) in batches and
-scores with the training metric functions (`evaluation.metrics.score_response`).
+scores with the training metric functions (`search_r1.scoring.score_response`).
 
 Output directory: `predictions.jsonl` (one line per question, appended after every batch, so an
 interrupted run resumes where it stopped: ids already there are skipped), `run_config.json` (the
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from search_r1.dtypes import DTYPE_CHOICES, resolve_dtype
-from search_r1.evaluation.metrics import aggregate, score_response
+from search_r1.scoring import aggregate, score_response
 
-log = logging.getLogger("search_r1.eval")
+log = logging.getLogger("search_r1.evaluation")
 
 MODES = ("search", "no_search", "rag")
 PREDICTIONS = "predictions.jsonl"
@@ -41,7 +41,7 @@ RESUME_KEYS = ("model", "data", "mode", "base_url", "protocol", "topk", "max_tur
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Evaluation settings (the CLI flags of `python -m search_r1.eval`).
+    """Evaluation settings (the CLI flags of `python -m search_r1.evaluation`).
 
     model: alias, HF directory, a checkpoint (checkpoints/global_step_N, or a run directory: its
         latest checkpoint), or with base_url the model name the server serves.

@@ -441,7 +441,7 @@ class HFGenerator:
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 # How a user opts in to sending a key over plain http to a non-loopback server, per entry point.
 INSECURE_HTTP_OPT_IN = ("allow_insecure_http=True (SearchR1Config(openai_allow_insecure_http=True); "
-                        "python -m search_r1.eval --allow-insecure-http)")
+                        "python -m search_r1.evaluation --allow-insecure-http)")
 _TOKEN_ID_PREFIX = "token_id:"  # vLLM's return_tokens_as_token_ids spelling of logprobs.tokens
 
 

@@ -33,7 +33,7 @@ from verl import DataProto
 from search_r1.algos import (broadcast_to_tokens, compute_grpo_advantages, leading_token_values, signal_group_rows,
                              zero_leading_tokens)
 from search_r1.data.dataset import repeat_interleave
-from search_r1.evaluation.metrics import OVERALL, aggregate, score_response
+from search_r1.scoring import OVERALL, aggregate, score_response
 from search_r1.rewards import check_format_correctness, em_score, get_reward_fn
 from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager
 from search_r1.trainer.alarms import RunAlarms

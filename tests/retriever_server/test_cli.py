@@ -110,7 +110,7 @@ def test_default_index_is_rebuilt_when_the_default_corpus_changes(monkeypatch, t
     stamp = (index_dir / "manifest.json").stat().st_mtime_ns
     assert ensure_default_index() == index_dir
     assert (index_dir / "manifest.json").stat().st_mtime_ns == stamp  # same corpus: reused, not rebuilt
-    # `--retriever-index default` (search_r1.eval and the agents) names this index; a directory passes through
+    # `--retriever-index default` (search_r1.evaluation and the agents) names this index; a directory passes through
     from search_r1.evaluation.runner import resolve_index_arg
     assert resolve_index_arg("default") == str(index_dir) and resolve_index_arg("idx/bm25") == "idx/bm25"
     lines = corpus.read_text().splitlines()

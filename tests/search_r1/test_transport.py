@@ -44,7 +44,7 @@ def test_web_search_keeps_refusing_without_an_opt_in():
 
 
 def test_notebook_config_and_eval_cli_name_their_switch(tmp_path, capsys, monkeypatch):
-    from search_r1.eval import main
+    from search_r1.evaluation.cli import main
     from search_r1.grpo import GRPOTrainer, MockSearchEngine, SearchR1Config
 
     cfg = dict(use_openai=True, openai_api="completions", openai_base_url=REMOTE_HTTP, openai_api_key="sk-secret",

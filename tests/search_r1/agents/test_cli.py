@@ -1,4 +1,4 @@
-"""Both agents' command lines: batches scored like `search_r1.eval` (predictions.jsonl, results.json,
+"""Both agents' command lines: batches scored like `search_r1.evaluation` (predictions.jsonl, results.json,
 per-source table, resume, concurrency) and single questions with a live trace, against the real
 retriever server and a vLLM-shaped fake chat server (tests/search_r1/agents/fake_chat_server.py)."""
 from __future__ import annotations

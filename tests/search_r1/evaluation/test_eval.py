@@ -1,4 +1,4 @@
-"""`python -m search_r1.eval` end to end: a scripted policy with known answers (exact EM/F1 per
+"""`python -m search_r1.evaluation` end to end: a scripted policy with known answers (exact EM/F1 per
 source), the no-search and RAG baselines, resume, tiny-random-qwen3 from a checkpoint, and the
 OpenAI-compatible path against a fake vLLM server. Searches go to the real retriever server."""
 import json
@@ -7,7 +7,7 @@ import re
 import pytest
 
 from search_r1.data.prepare import parse_spec, prepare
-from search_r1.eval import main
+from search_r1.evaluation.cli import main
 from search_r1.evaluation.runner import EvalConfig, evaluate
 from search_r1.rollout.backends import GenOutput
 from search_r1.search import RetrieverClient

@@ -18,7 +18,7 @@ def trajectory(*rounds, answer="Fusfemen"):
 
 
 def record(response, em=0.0, qid="q", question="Where was T born?"):
-    from search_r1.evaluation.metrics import extract_answer
+    from search_r1.rewards import extract_answer
 
     return {"id": qid, "data_source": "synth_hotpotqa", "question": question, "golden_answers": [GOLD],
             "prediction": extract_answer(response), "em": em, "searches": float(response.count("<search>")),

@@ -1,4 +1,4 @@
-"""`python -m search_r1.eval --base-url` against `vllm serve` on loopback (slow; .venv-vllm).
+"""`python -m search_r1.evaluation --base-url` against `vllm serve` on loopback (slow; .venv-vllm).
 
 vLLM's own OpenAI-compatible server (the command docs/vllm_cpu.md gives) serves the warm-started
 SmolLM2; the evaluation CLI, run as a user runs it, rolls greedy search trajectories through it
@@ -25,8 +25,8 @@ N_QUESTIONS = 8
 
 
 def run_eval(args: list[str], out, timeout: float = 600) -> dict:
-    cmd = [sys.executable, "-m", "search_r1.eval", "--out", str(out), "--limit", str(N_QUESTIONS), "--no-progress",
-           *args]
+    cmd = [sys.executable, "-m", "search_r1.evaluation", "--out", str(out), "--limit", str(N_QUESTIONS),
+           "--no-progress", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr[-4000:]}"
     predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]

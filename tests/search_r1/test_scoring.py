@@ -1,7 +1,7 @@
 """Aggregation and tables of the eval CLI, on hand-made records."""
 import pytest
 
-from search_r1.evaluation.metrics import aggregate, compare_table, markdown_table, score_response
+from search_r1.scoring import aggregate, compare_table, markdown_table, score_response
 
 
 def test_score_response_uses_the_training_metrics():

@@ -1,20 +1,20 @@
 """Evaluate a model on Search-R1 parquet files: EM / sub-EM / F1 per data_source.
 
-    python -m search_r1.eval --model outputs/grpo_cpu --data data/test.parquet --out eval/after \\
+    python -m search_r1.evaluation --model outputs/grpo_cpu --data data/test.parquet --out eval/after \\
         --retriever-url http://127.0.0.1:8000
-    python -m search_r1.eval --model smollm2-135m-instruct --data test.parquet --out eval/rag --rag \\
+    python -m search_r1.evaluation --model smollm2-135m-instruct --data test.parquet --out eval/rag --rag \\
         --retriever-index default --limit 300    # default: the synthetic world's BM25 index
-    python -m search_r1.eval --model Qwen/Qwen2.5-3B-Instruct --base-url http://127.0.0.1:8001 \\
+    python -m search_r1.evaluation --model Qwen/Qwen2.5-3B-Instruct --base-url http://127.0.0.1:8001 \\
         --tokenizer /models/qwen2.5-3b --data nq_test.parquet --out eval/vllm --no-search
-    python -m search_r1.eval --compare eval/rag/results.json eval/after/results.json
+    python -m search_r1.evaluation --compare eval/rag/results.json eval/after/results.json
 
 Greedy rollouts through the training rollout loop (`run_llm_loop`), scored with the training
 metric functions. Writes OUT/predictions.jsonl (per question: gold, prediction, scores, search
 queries, the whole trajectory), OUT/results.json and prints a markdown table. Re-running the same
 command resumes: questions already in predictions.jsonl are skipped, unless the settings or what
 they resolve to changed (another checkpoint behind --model, tokenizer, template, data or
-retriever): then it stops, naming the change (--overwrite or another --out). `search_r1.evaluation`
-holds the implementation.
+retriever): then it stops, naming the change (--overwrite or another --out). The rollouts and the resume
+check are in runner.py, the scores and tables in search_r1/scoring.py.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from retriever_server.launcher import ServerStartError
 from search_r1.dtypes import DTYPE_CHOICES, resolve_dtype
-from search_r1.evaluation.metrics import METRICS, compare_table, markdown_table
+from search_r1.scoring import METRICS, compare_table, markdown_table
 from search_r1.evaluation.runner import (ROLLOUT_FROM_CHECKPOINT, EvalConfig, checkpoint_rollout_settings, evaluate,
                                        resolve_index_arg)
 from search_r1.rollout.backends import GenerationError
@@ -36,7 +36,7 @@ from search_r1.search.base import SearchError
 def _parser() -> argparse.ArgumentParser:
     d = EvalConfig.__dataclass_fields__
     p = argparse.ArgumentParser(
-        prog="python -m search_r1.eval",
+        prog="python -m search_r1.evaluation",
         description="Greedy evaluation of a model (HF dir, checkpoint, alias, or an OpenAI-compatible "
                     "server) on Search-R1 parquet files, with search, without search, or with one "
                     "retrieval (RAG). Prints EM / sub-EM / F1 / format / turns / searches per data_source.",
@@ -157,7 +157,3 @@ def main(argv=None) -> int:
     print(markdown_table(results["metrics"]))
     print(f"\npredictions: {Path(cfg.out) / 'predictions.jsonl'}\nresults:     {Path(cfg.out) / 'results.json'}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,7 @@
 """Per-question scores, their aggregation per data_source, and the tables the eval CLI prints.
 
-The scoring functions are the training ones (`search_r1.rewards`), applied to the response text
+One scoring for the trainer's validation, the evaluation CLI and the agents, so it sits below all
+three. The scoring functions are the training ones (`search_r1.rewards`), applied to the response text
 only (generated tokens + inserted observations, never the prompt), decoded as the trainer decodes it.
 """
 from __future__ import annotations
