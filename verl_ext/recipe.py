@@ -12,7 +12,9 @@ Every number comes from the composed config through verl 0.9.1's own code, not r
                              size and the mini-batch); verl pads the batch up to a multiple of it
     updates per step         verl.utils.tensordict_utils.make_iterator over one GPU's share, the
                              iterator the training worker runs (one optimizer step per mini-batch)
-    micro-batches            verl.workers.engine.utils.prepare_micro_batches on one GPU's mini-batch
+    micro-batches            verl.workers.engine.utils.prepare_micro_batches on one GPU's mini-batch,
+                             and on one GPU's share of the step for the old-log-prob and reference
+                             passes (rollout./ref.log_prob_micro_batch_size_per_gpu)
     learning-rate schedule   FSDPEngine._build_lr_scheduler on verl's typed optimizer config, stepped
     advantage                the configured estimator through compute_advantage_for_multi_trajectories
                              on a probe group (scores 1, 0, ..., 0): which std it divides by
@@ -56,6 +58,8 @@ LINES: tuple[tuple[str, str], ...] = (
     ("updates_per_step", "optimizer updates per step"),
     ("trajectories_per_update", "trajectories per update"),
     ("micro_batches", "micro-batches per GPU per update"),
+    ("log_prob_micro_batches", "micro-batches per GPU, log-probs"),
+    ("attention", "attention (actor, reference)"),
     ("prompt_tokens", "prompt tokens"),
     ("turn_tokens", "generated tokens per turn"),
     ("obs_tokens", "tokens per observation"),
@@ -88,6 +92,9 @@ UPSTREAM: dict[str, str] = {
     "updates_per_step": "10",
     "trajectories_per_update": "256",
     "micro_batches": f"4 x 8 trajectories ({UPSTREAM_GPUS} GPUs)",
+    # upstream: log_prob_micro_batch_size 128 over 8 GPUs, on a share of 2560 / 8 = 320 trajectories
+    "log_prob_micro_batches": f"old-log-prob 20 x 16, reference 20 x 16 trajectories ({UPSTREAM_GPUS} GPUs)",
+    "attention": "flash_attention_2, packed sequences (remove padding)",
     "prompt_tokens": "2048",
     "turn_tokens": "500",
     "obs_tokens": "500",
@@ -131,6 +138,16 @@ DECLARED: tuple[Declared, ...] = (
              "split does not change the gradient); each of 8 GPUs gets 30 trajectories per update, which "
              "do not split into upstream's 8s (5 also divides the share of 1, 2, 4 and 16 GPUs)",
              ""),
+    Declared(("log_prob_micro_batches",),
+             "verl's engine asserts that the micro-batch divides each GPU's share of the step batch "
+             "(2400 trajectories: 300 on 8 GPUs), which upstream's 16 does not; 10 divides the share on 1, "
+             "2, 4, 8 and 16 GPUs (memory only: log-probs do not depend on the split)",
+             ""),
+    Declared(("attention",),
+             "`.[gpu]` (verl[vllm]==0.9.1) installs no FlashAttention, and verl's default flash_attention_2 "
+             "would fail in every worker; sdpa on padded batches computes the same log-probs, slower",
+             "pip install flash-attn --no-build-isolation, then actor_rollout_ref.model.override_config."
+             "attn_implementation=flash_attention_2 actor_rollout_ref.model.use_remove_padding=true"),
     Declared(("loss_agg",),
              "verl 0.9.1 divides by the tokens of the whole mini-batch (all GPUs); upstream's early verl "
              "averaged per-micro-batch token means, weighting short and long micro-batches alike",
@@ -278,7 +295,7 @@ def _schedule(config: DictConfig) -> dict[str, str]:
     if actor.strategy not in ("fsdp", "fsdp2"):
         na = f"not computed for actor.strategy={actor.strategy}"
         return {k: na for k in ("trajectories_per_step", "updates_per_step", "trajectories_per_update",
-                                "micro_batches")} | {"prompts_per_step": str(config.data.train_batch_size),
+                                "micro_batches", "log_prob_micro_batches")} | {"prompts_per_step": str(config.data.train_batch_size),
                                                      "group_size": str(n)}
     dp = n_gpus // sp
     mode = config.trainer.v1.trainer_mode
@@ -318,6 +335,7 @@ def _schedule(config: DictConfig) -> dict[str, str]:
                 f"trajectories each GPU gets per update; verl's engine would fail at the first update. Fix: a "
                 f"divisor of {mini_per_gpu}") from None
     return {
+        "log_prob_micro_batches": _log_prob_micro_batches(config, rows_per_gpu, dp, trajectories, padding),
         "prompts_per_step": str(prompts * sync_steps),
         "group_size": str(n),
         "trajectories_per_step": str(trajectories * sync_steps) + (f" + {padding} padding" if padding else ""),
@@ -325,6 +343,65 @@ def _schedule(config: DictConfig) -> dict[str, str]:
         "trajectories_per_update": str(per_update),
         "micro_batches": micro,
     }
+
+
+def log_prob_passes(config: DictConfig) -> list[tuple[str, str, str]]:
+    """The forward-only passes verl runs over the whole step batch before the update, as
+    (name, micro-batch key, dynamic-batch key): the actor's old-log-prob recompute (skipped in
+    rollout_correction bypass mode) and the reference's (run on the actor without its LoRA adapter,
+    with the actor's micro-batch, when the model has one: trainer_base's ref_in_actor)."""
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    rollout = "actor_rollout_ref.rollout"
+    old = ("old-log-prob", f"{rollout}.log_prob_micro_batch_size_per_gpu", f"{rollout}.log_prob_use_dynamic_bsz")
+    bypass = bool(OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode", default=False))
+    passes = [] if bypass else [old]
+    model = config.actor_rollout_ref.model
+    ref_in_actor = (model.get("lora_rank", 0) or 0) > 0 or model.get("lora_adapter_path") is not None
+    if need_reference_policy(config):
+        ref = "actor_rollout_ref.ref"
+        passes.append(("reference", *old[1:]) if ref_in_actor else
+                      ("reference", f"{ref}.log_prob_micro_batch_size_per_gpu", f"{ref}.log_prob_use_dynamic_bsz"))
+    return passes
+
+
+def _log_prob_micro_batches(config: DictConfig, rows_per_gpu: int, dp: int, trajectories: int, padding: int) -> str:
+    """Each log-prob pass's micro-batches on one GPU's share of the step, through verl's
+    prepare_micro_batches (ScheduleError naming the key when the micro-batch does not divide it)."""
+    parts = []
+    for name, key, dynamic_key in log_prob_passes(config):
+        if OmegaConf.select(config, dynamic_key, default=False):
+            parts.append(f"{name} dynamic")
+            continue
+        m = OmegaConf.select(config, key)
+        if m is None:
+            raise ScheduleError(f"{key} is not set; verl's worker needs it for the {name} pass. Fix: a divisor of "
+                                f"{rows_per_gpu} (each GPU's share of the step), or {dynamic_key}=true")
+        m = int(m)
+        try:
+            parts.append(f"{name} {_count_micro_batches(rows_per_gpu, m)} x {m}")
+        except AssertionError:
+            shares = f"{trajectories}" + (f" + {padding} padding" if padding else "")
+            divisors = [d for d in range(1, rows_per_gpu + 1) if rows_per_gpu % d == 0 and d <= max(m, 1) * 2]
+            raise ScheduleError(
+                f"{key}={m} does not divide the {rows_per_gpu} trajectories each of the {dp} data-parallel GPUs "
+                f"gets per step ({shares} / {dp}); verl's engine would fail in the {name} pass, after the whole "
+                f"first rollout (AssertionError: data size must be divisible by ... micro_batch_size_per_gpu). "
+                f"Fix: {key}=D with D a divisor of {rows_per_gpu} (e.g. {divisors[-1]}), or {dynamic_key}=true") from None
+    return ", ".join(parts) + f" trajectories ({dp} GPUs)" if parts else "none"
+
+
+def attention(config: DictConfig) -> tuple[str, bool]:
+    """(attention kernel verl builds the actor and reference with, whether sequences are packed):
+    verl's HFModelConfig reads override_config.attn_implementation, default flash_attention_2."""
+    model = config.actor_rollout_ref.model
+    impl = (model.get("override_config") or {}).get("attn_implementation", "flash_attention_2")
+    return str(impl), bool(model.get("use_remove_padding", False))
+
+
+def _attention_line(config: DictConfig) -> str:
+    impl, packed = attention(config)
+    return f"{impl}, " + ("packed sequences (remove padding)" if packed else "padded batches")
 
 
 def _budgets(config: DictConfig) -> dict[str, str]:
@@ -390,7 +467,7 @@ def _algorithm(config: DictConfig) -> dict[str, str]:
 def recipe_lines(config: DictConfig) -> list[Line]:
     """The card's lines for a composed verl config (ScheduleError when verl would fail at the first
     update)."""
-    values = {**_schedule(config), **_budgets(config), **_algorithm(config)}
+    values = {**_schedule(config), **_budgets(config), **_algorithm(config), "attention": _attention_line(config)}
     return [Line(key, label, values[key], UPSTREAM[key]) for key, label in LINES]
 
 

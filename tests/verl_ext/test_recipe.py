@@ -5,6 +5,7 @@ refused before Ray; the card is printed by --dry-run and written to the run dire
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -113,3 +114,56 @@ def test_real_start_writes_and_prints_the_card(tmp_path, retriever_server):
     assert written.startswith("Recipe card: grpo_verl on 8 GPUs") and "optimizer updates per step" in written
     assert written.strip() in out.stdout  # logged at start, identical to the file
     assert out.stdout.index("Recipe card") < out.stdout.index("RUN_PPO")  # before verl's trainer starts
+
+
+# -- log-prob passes: the micro-batch must divide each GPU's share of the whole step ------------------
+@pytest.mark.parametrize("gpus, share", [(1, 2400), (2, 1200), (4, 600), (8, 300), (16, 150)])
+def test_shipped_log_prob_micro_batches_divide_every_world_size(gpus, share):
+    """grpo_verl's 10 divides the share of 1..16 GPUs (verl's prepare_micro_batches on that share)."""
+    line = by_key(recipe_lines(verl_config(trainer__n_gpus_per_node=gpus)))["log_prob_micro_batches"].ours
+    assert line == f"old-log-prob {share // 10} x 10, reference {share // 10} x 10 trajectories ({gpus} GPUs)"
+
+
+@pytest.mark.parametrize("key, name", [
+    ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "old-log-prob"),
+    ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "reference"),
+])
+def test_a_log_prob_micro_batch_that_does_not_divide_the_share_is_refused(key, name):
+    """The old config's 16 on 8 GPUs: 2400 / 8 = 300 per GPU, 300 % 16 = 12 -> verl's AssertionError in
+    the first step's old-log-prob pass, after the whole rollout. The card names the key first."""
+    with pytest.raises(ScheduleError, match=rf"{re.escape(key)}=16 does not divide the 300 trajectories each of the 8 "
+                                            rf"data-parallel GPUs gets per step \(2400 / 8\).*the {name} pass"):
+        recipe_lines(verl_config(**{key.replace(".", "__"): 16}))
+    # 2 x 8 GPUs (docs/multinode.md): 150 per GPU
+    with pytest.raises(ScheduleError, match=r"=16 does not divide the 150 trajectories"):
+        recipe_lines(verl_config(trainer__nnodes=2, **{key.replace(".", "__"): 16}))
+    # dynamic batch sizing has no divisibility rule
+    dynamic = key.replace("micro_batch_size_per_gpu", "use_dynamic_bsz").replace(".", "__")
+    extra = {"actor_rollout_ref__actor__use_dynamic_bsz": True} if "rollout" in key else {}
+    assert f"{name} dynamic" in by_key(recipe_lines(verl_config(**{key.replace(".", "__"): 16, dynamic: True},
+                                                                   **extra)))["log_prob_micro_batches"].ours
+
+
+def test_the_rule_is_verls_own_prepare_micro_batches():
+    """What the card refuses, verl's own function asserts on (and what it accepts, verl accepts)."""
+    import torch
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine.utils import prepare_micro_batches
+
+    def split(rows, micro):
+        td = TensorDict({"x": torch.arange(rows)}, batch_size=[rows])
+        tu.assign_non_tensor(td, use_dynamic_bsz=False, micro_batch_size_per_gpu=micro)
+        return len(prepare_micro_batches(td)[0])
+
+    with pytest.raises(AssertionError, match="data size must be divisible"):
+        split(300, 16)
+    assert split(300, 10) == 30 and split(150, 10) == 15
+
+
+def test_the_attention_line_declares_sdpa_and_the_switch():
+    lines = by_key(recipe_lines(verl_config()))
+    assert lines["attention"].ours == "sdpa, padded batches" and lines["attention"].differs
+    flash = by_key(recipe_lines(verl_config(actor_rollout_ref__model__override_config__attn_implementation="flash_attention_2",
+                                            actor_rollout_ref__model__use_remove_padding=True)))
+    assert not flash["attention"].differs  # the declared switch restores upstream's
