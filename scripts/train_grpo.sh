@@ -8,6 +8,7 @@
 #   bash scripts/train_grpo.sh --config-name grpo_verl           # GPUs: verl's trainer (verl_ext.main)
 #   bash scripts/train_grpo.sh --config-name grpo_verl -m actor_rollout_ref.actor.optim.lr=1e-6,3e-6
 #   bash scripts/train_grpo.sh --dry-run --config-name grpo_verl # check + print the resolved config, exit
+#   bash scripts/train_grpo.sh --rehearse --config-name grpo_verl # run it on CPU at its own geometry
 #   bash scripts/train_grpo.sh --config-name grpo_verl_cpu       # verl's trainer on CPU, tiny model
 #   bash scripts/train_grpo.sh --config-name grpo_verl_cpu_vllm  # ... with verl's vLLM server (.venv-vllm)
 #
@@ -17,9 +18,16 @@
 #   no --config-name, no GPU          the embedded CPU trainer (python -m search_r1.trainer.main,
 #                                     configs/grpo_cpu.yaml); 2 cores / 8 GB are enough
 #   any other --config-name           the embedded CPU trainer with that config
-# With GPUs, trainer.n_gpus_per_node is set to the number of visible GPUs unless given.
+# With GPUs, trainer.n_gpus_per_node is set to the number of visible GPUs unless given: the entries
+# of CUDA_VISIBLE_DEVICES when it is set, else the GPUs `nvidia-smi -L` lists.
 # --dry-run: verl path: run the config checks and print the resolved config; CPU path: print the
 # resolved config (Hydra's --cfg job --resolve). Nothing starts either way.
+# --rehearse (verl configs): run the composed config through verl's trainer on this machine's CPU at
+# the config's own geometry (one training worker per GPU of trainer.nnodes x n_gpus_per_node, the
+# same batch, group size, mini- and micro-batches), with a tiny model of the same architecture, short
+# lengths, a local retriever on the synthetic world, one step, a checkpoint and an auto-resume; it
+# prints what it shrank and ends with `rehearsal passed: ...` or the failure and the key to change
+# (verl_ext/rehearsal.py).
 # Environment: PYTHON (default: ./.venv/bin/python if present, else python3; for *_vllm configs
 # ./.venv-vllm/bin/python, the vLLM-on-CPU environment of `make install-vllm`, docs/vllm_cpu.md);
 # SEARCH_R1_FORCE_CPU=1 runs the embedded CPU trainer even when a GPU is visible. The CPU paths (the
@@ -40,6 +48,11 @@ offline() {  # the CPU paths never reach a model hub; an explicit setting of the
 }
 
 gpu_count() {
+  if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then  # what this process may use, as CUDA and Ray see it
+    local ids="${CUDA_VISIBLE_DEVICES// /}"
+    if [[ -z "$ids" || "$ids" == -1* ]]; then echo 0; else awk -F, '{print NF}' <<<"$ids"; fi
+    return
+  fi
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     nvidia-smi -L | grep -c '^GPU' || true
     return
@@ -47,11 +60,12 @@ gpu_count() {
   "$PYTHON" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0
 }
 
-dry_run=0 config_name="" has_gpus_key=0 args=()
+dry_run=0 rehearse=0 config_name="" has_gpus_key=0 args=()
 prev=""
 for arg in "$@"; do
   case "$arg" in
     --dry-run) dry_run=1; prev=""; continue ;;
+    --rehearse) rehearse=1; prev=""; continue ;;
     --config-name=*) config_name="${arg#--config-name=}" ;;
     trainer.n_gpus_per_node=*|+trainer.n_gpus_per_node=*|++trainer.n_gpus_per_node=*) has_gpus_key=1 ;;
   esac
@@ -66,7 +80,7 @@ if [[ "${SEARCH_R1_FORCE_CPU:-0}" != "1" ]]; then n_gpus="$(gpu_count)"; fi
 verl=0
 if [[ "$config_name" == grpo_verl* ]]; then
   verl=1
-elif [[ -z "$config_name" && "$n_gpus" -gt 0 ]]; then
+elif [[ -z "$config_name" && ( "$n_gpus" -gt 0 || "$rehearse" == "1" ) ]]; then
   verl=1
   args=(--config-name grpo_verl "${args[@]}")
   config_name=grpo_verl
@@ -96,10 +110,18 @@ if [[ "$verl" == "1" ]]; then
   if [[ "$dry_run" == "1" ]]; then
     exec "$PYTHON" -m verl_ext.main --dry-run "${args[@]}"
   fi
+  if [[ "$rehearse" == "1" ]]; then
+    offline  # the rehearsal loads local models only
+    exec "$PYTHON" -m verl_ext.main --rehearse "${args[@]}"
+  fi
   exec "$PYTHON" -m verl_ext.main "${args[@]}"
 fi
 
 offline
+if [[ "$rehearse" == "1" ]]; then
+  echo "[train_grpo] --rehearse is for verl configs (--config-name grpo_verl...), not $config_name" >&2
+  exit 2
+fi
 if [[ "$dry_run" == "1" ]]; then
   exec "$PYTHON" -m search_r1.trainer.main --cfg job --resolve "${args[@]}"
 fi

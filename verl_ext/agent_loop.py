@@ -229,14 +229,16 @@ class SearchR1AgentLoop(AgentLoopBase):
             except SearchError as err:
                 log.warning("search failed: %s", err)
                 episode.record_search_failure()
+                counts["search_error"] = str(err)[:500]  # the cause, for the trainer's outage stop
                 kind = "failed"
         obs = self.encoder.encode([kind], [passages], [episode.observation_budget()])[0]
         counts["shortened_observations"] += self.encoder.last_shortened
         episode.apply_observation(obs)
 
 
-def episode_stats(episode: Episode, counts: dict) -> dict[str, int]:
-    """The per-trajectory statistics `run_llm_loop` reports in its meta_info, for one episode."""
+def episode_stats(episode: Episode, counts: dict) -> dict[str, int | str]:
+    """The per-trajectory statistics `run_llm_loop` reports in its meta_info, for one episode (and
+    `search_error`, the last failed search's message, when one failed)."""
     return {
         "turns": episode.turns,
         "valid_actions": episode.valid_actions,

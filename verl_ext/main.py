@@ -3,22 +3,31 @@
     python -m verl_ext.main [--config-name grpo_verl] [key=value ...] [-m ...]
     python -m verl_ext.main --dry-run [key=value ...]     # check, print the resolved config and the
                                                           # recipe card, exit
+    python -m verl_ext.main --rehearse [key=value ...]    # run this config on CPU at its geometry
+                                                          # (verl_ext/rehearsal.py)
 
 (`bash scripts/train_grpo.sh --config-name grpo_verl ...` calls this with trainer.n_gpus_per_node set.)
 
 Before Ray starts, the composed config is checked: the `search_r1:` group and the rollout lengths,
 the names verl looks up in registries (agent loop, advantage estimator, trainer mode, reward),
-verl's own `validate_config`, the data files, and that a retriever answers. A failed check prints
-one line naming the key and the fix and exits with status 2; no process is started. Then the recipe
-card (verl_ext/recipe.py: the schedule through verl's own normalisation, beside upstream
-Search-R1's) is printed, and for a real run written to trainer.default_local_dir/recipe_card.txt;
-then the run is verl's own: `run_ppo(config, TaskRunnerV1)`.
+verl's own `validate_config`, the attention kernel (flash_attention_2 needs flash-attn importable),
+the data files, and that a retriever answers. A failed check prints one line naming the key and the
+fix and exits with status 2; no process is started. Then the recipe card (verl_ext/recipe.py: the
+schedule through verl's own normalisation, beside upstream Search-R1's, every micro-batch
+divisibility verl asserts at run time) is printed, and for a real run written to
+trainer.default_local_dir/recipe_card.txt. A real run then fixes its directory (absolute; in a `-m`
+sweep one `job<N>` directory per job) and refuses to auto-resume a checkpoint whose recorded recipe
+(run_recipe.json) differs in a setting the checkpoint would override; then the run is verl's own,
+`run_ppo(config, TaskRunnerV1)`, with the driver's RETRIEVER_API_KEY forwarded to every Ray worker
+(workers on other nodes do not inherit the driver's environment; the key is never printed).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
+from contextlib import contextmanager
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -31,6 +40,20 @@ from verl_ext.recipe import ScheduleError, recipe_card, write_card
 log = logging.getLogger("verl_ext.main")
 
 DRY_RUN_FLAG = "--dry-run"
+REHEARSE_FLAG = "--rehearse"
+# Secrets of the driver's environment that the Ray workers need (the agent loops' retriever client);
+# forwarded through Ray's runtime_env, never through the config (verl prints the config).
+FORWARDED_SECRETS = ("RETRIEVER_API_KEY",)
+RECIPE_RECORD = "run_recipe.json"
+# Settings a resumed verl run cannot change: the checkpoint restores the optimizer (lr, betas, weight
+# decay live in its param groups, the scheduler its base lr and warmup), the data loader's position
+# (batch, files, shuffle, seed), the sharded weights (model, world size, strategy) and the batch shape.
+RESUME_BOUND = (
+    "actor_rollout_ref.model.path", "actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.optim",
+    "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.rollout.n", "critic.optim",
+    "critic.model.path", "data.train_files", "data.train_batch_size", "data.shuffle", "data.seed",
+    "trainer.nnodes", "trainer.n_gpus_per_node",
+)
 # Printed between the resolved config and the recipe card (the config above it stays parseable YAML).
 CARD_RULE = "# " + "-" * 98
 
@@ -88,6 +111,26 @@ def check_ray_env_vars(config: DictConfig) -> None:
                 raise ConfigError(f"{key}: {err}") from None
 
 
+def check_attention(config: DictConfig) -> str | None:
+    """The attention kernel verl will build the actor and reference with; an error message naming the
+    keys and the fix when it is a FlashAttention one and its package cannot be imported here (verl's
+    workers would raise ImportError in init_model, after Ray and the rollout servers started)."""
+    import importlib.util
+
+    from verl_ext.recipe import attention
+
+    impl, packed = attention(config)
+    modules = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+    module = modules.get(impl)
+    if module is None or importlib.util.find_spec(module) is not None:
+        return None
+    return (f"actor_rollout_ref.model.override_config.attn_implementation={impl} (verl's default when unset) "
+            f"needs the `{module}` package, which this python cannot import; verl's workers would fail in "
+            f"init_model. Fix: pip install flash-attn --no-build-isolation (a build for the installed torch), "
+            f"or actor_rollout_ref.model.override_config.attn_implementation=sdpa"
+            + (" actor_rollout_ref.model.use_remove_padding=false" if packed else ""))
+
+
 def check_config(config: DictConfig, dry_run: bool = False) -> list[str]:
     """Every check that needs no GPU and no Ray; returns warnings, raises ConfigError on errors."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -110,6 +153,11 @@ def check_config(config: DictConfig, dry_run: bool = False) -> list[str]:
         raise ConfigError(str(err)) from None
     check_registries(config)
     check_ray_env_vars(config)
+    problem = check_attention(config)
+    if problem and not dry_run:
+        raise ConfigError(problem)
+    if problem:
+        warnings.append(problem)
     try:
         validate_config(config=config, use_reference_policy=need_reference_policy(config),
                         use_critic=need_critic(config))
@@ -138,6 +186,93 @@ def check_config(config: DictConfig, dry_run: bool = False) -> list[str]:
     return warnings
 
 
+def job_local_dir(config: DictConfig) -> str:
+    """The run's checkpoint directory, absolute (Ray workers resolve a relative one against their own
+    working directory, on another node another disk); in a `-m` sweep, `<dir>/job<N>`: the jobs of a
+    sweep share the composed default_local_dir, and with resume_mode=auto job 2 would load job 1's
+    checkpoint (and train 0 steps, or continue it at another setting)."""
+    from hydra.types import RunMode
+
+    path = os.path.abspath(os.path.expanduser(str(config.trainer.default_local_dir)))
+    try:
+        hydra_cfg = HydraConfig.get()
+    except ValueError:  # not under @hydra.main (tests, notebooks)
+        return path
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        path = os.path.join(path, f"job{hydra_cfg.job.num}")
+    return path
+
+
+def recipe_record(config: DictConfig) -> dict:
+    """The RESUME_BOUND settings of a config, resolved (what run_recipe.json records)."""
+    out = {}
+    for key in RESUME_BOUND:
+        value = OmegaConf.select(config, key, default=None)
+        out[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    return out
+
+
+def _flatten(prefix: str, value) -> dict:
+    if isinstance(value, dict):
+        return {k: v for name, sub in value.items() for k, v in _flatten(f"{prefix}.{name}", sub).items()}
+    return {prefix: value}
+
+
+def check_resume_record(config: DictConfig, run_dir: str) -> None:
+    """With resume_mode=auto and a checkpoint in run_dir, refuse when the recorded recipe differs in a
+    RESUME_BOUND setting (ConfigError naming each key, both values and the fix); else (re)write the
+    record. A checkpoint without a record (an older run) is resumed as before, with a warning."""
+    record = recipe_record(config)
+    path = os.path.join(run_dir, RECIPE_RECORD)
+    has_ckpt = os.path.exists(os.path.join(run_dir, "latest_checkpointed_iteration.txt"))
+    if config.trainer.resume_mode == "auto" and has_ckpt:
+        if not os.path.exists(path):
+            print(f"[verl_ext] warning: {run_dir} holds a checkpoint but no {RECIPE_RECORD}; resuming it without "
+                  f"checking that its settings match this run's", file=sys.stderr, flush=True)
+        else:
+            with open(path) as f:
+                saved = json.load(f)
+            old = {k: v for key, value in saved.items() for k, v in _flatten(key, value).items()}
+            new = {k: v for key, value in record.items() for k, v in _flatten(key, value).items()}
+            diff = [f"{k}: saved {old.get(k)!r}, now {new.get(k)!r}" for k in sorted(set(old) | set(new))
+                    if old.get(k) != new.get(k)]
+            if diff:
+                raise ConfigError(
+                    f"trainer.resume_mode=auto would resume the checkpoint in {run_dir}, whose run had other "
+                    f"settings that the checkpoint would override or that change the batch shape:\n  - "
+                    + "\n  - ".join(diff) + "\nFix: a new directory for this run (trainer.experiment_name=NEW "
+                    "or trainer.default_local_dir=DIR), or trainer.resume_mode=disable to start over there, "
+                    "or set these back to continue that run")
+            return
+    os.makedirs(run_dir, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.part"
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+@contextmanager
+def forwarded_secrets(names=FORWARDED_SECRETS):
+    """While active, every `ray.init` gets the driver's values of `names` in runtime_env.env_vars (a
+    value the config sets explicitly wins). verl's run_ppo prints its ray.init arguments before the
+    call, so the secrets reach the workers without appearing in the log."""
+    import ray
+
+    secrets = {name: os.environ[name] for name in names if os.environ.get(name)}
+    real_init = ray.init
+
+    def init(*args, runtime_env=None, **kwargs):
+        env = dict(runtime_env or {})
+        env["env_vars"] = {**secrets, **(env.get("env_vars") or {})}
+        return real_init(*args, runtime_env=env, **kwargs)
+
+    ray.init = init if secrets else real_init
+    try:
+        yield sorted(secrets)
+    finally:
+        ray.init = real_init
+
+
 @hydra.main(config_path="configs", config_name="grpo_verl", version_base=None)
 def main(config: DictConfig) -> None:
     quiet_library_loggers()  # after Hydra's logging setup, which resets them
@@ -145,7 +280,8 @@ def main(config: DictConfig) -> None:
 
     auto_set_device(config)
     try:
-        warnings = check_config(config, dry_run=DRY_RUN)
+        # the rehearsal replaces data, model, retriever and attention with CPU ones: checked as a dry run
+        warnings = check_config(config, dry_run=DRY_RUN or REHEARSE)
         card = recipe_card(config, source=HydraConfig.get().job.config_name)
     except (ConfigError, ScheduleError) as err:
         print(f"\n[verl_ext] config error: {err}", file=sys.stderr, flush=True)
@@ -156,22 +292,41 @@ def main(config: DictConfig) -> None:
         print(OmegaConf.to_yaml(config, resolve=True), flush=True)
         print(f"{CARD_RULE}\n{card}", flush=True)
         return
+    if REHEARSE:
+        from verl_ext.rehearsal import rehearse
+
+        print(f"{CARD_RULE}\n{card}", flush=True)
+        sys.exit(rehearse(config, source=HydraConfig.get().job.config_name))
     if not config.trainer.use_v1:
         print("[verl_ext] config error: trainer.use_v1=false selects verl's deprecated v0 trainer, which the "
               "search_r1 trainer mode does not extend. Fix: trainer.use_v1=true", file=sys.stderr)
+        sys.exit(2)
+    config.trainer.default_local_dir = job_local_dir(config)
+    try:
+        check_resume_record(config, config.trainer.default_local_dir)
+    except ConfigError as err:
+        print(f"\n[verl_ext] config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
     path = write_card(card, config.trainer.default_local_dir)
     print(f"{CARD_RULE}\n{card}\n[verl_ext] recipe card written to {path}", flush=True)
 
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
-    run_ppo(config, task_runner_class=TaskRunnerV1)
+    with forwarded_secrets() as names:
+        if names:
+            print(f"[verl_ext] forwarding {', '.join(names)} from this shell to every Ray worker", flush=True)
+        run_ppo(config, task_runner_class=TaskRunnerV1)
 
 
 DRY_RUN = False
+REHEARSE = False
 
 if __name__ == "__main__":
-    if DRY_RUN_FLAG in sys.argv:  # ours, not Hydra's: take it out before Hydra parses the overrides
+    # ours, not Hydra's: take them out before Hydra parses the overrides
+    if DRY_RUN_FLAG in sys.argv:
         sys.argv.remove(DRY_RUN_FLAG)
         DRY_RUN = True
+    if REHEARSE_FLAG in sys.argv:
+        sys.argv.remove(REHEARSE_FLAG)
+        REHEARSE = True
     main()

@@ -60,6 +60,28 @@ def search_metrics(stats: list[dict]) -> dict[str, float]:
     }
 
 
+class SearchOutage(RuntimeError):
+    """Every search of a training step failed: the run stops instead of training without retrieval."""
+
+
+def search_outage(stats: list[dict], step: int, urls) -> str | None:
+    """The reason to stop when a step issued searches and every one of them failed (else None).
+
+    A step without retrieval still gets rewards and an update, so a run would go on, teaching the
+    policy that searching yields nothing; the usual causes (a key the workers did not get, a
+    retriever unreachable from the worker nodes) hold for every later step too.
+    """
+    issued = sum(int(s.get("valid_searches", 0)) for s in stats)
+    failed = sum(int(s.get("search_failures", 0)) for s in stats)
+    if not issued or failed < issued:
+        return None
+    cause = next((s["search_error"] for s in stats if s.get("search_error")), "no error message recorded")
+    return (f"every search of step {step} failed ({failed} of {issued}); the run stops rather than train "
+            f"without retrieval. Last error: {cause}. Fix: check that search_r1.retriever.urls ({', '.join(urls)}) "
+            f"answer from every node running agent-loop workers, and that RETRIEVER_API_KEY is set in the "
+            f"shell that launches training when the retriever needs a key (it is forwarded to the workers)")
+
+
 def unsynced_rollout_metrics(old_log_probs, ref_log_probs, response_mask) -> dict[str, float]:
     """What `rollout_corr/log_ppl_abs_diff` would read if no weight sync had reached the rollout.
 
@@ -134,6 +156,12 @@ class SearchR1Trainer(PPOTrainerSync):
 
         cpu_role_worker_mapping(self.role_worker_mapping)
 
+    def _load_checkpoint(self):
+        super()._load_checkpoint()
+        if self.global_steps:  # verl logs this at INFO only; a resumed run should say so on the console
+            print(f"[search_r1] resumed from {self.config.trainer.default_local_dir}/global_step_{self.global_steps}",
+                  flush=True)
+
     def fit(self, agent_loop_manager):
         self.qa_history: list[tuple[int, dict[str, float]]] = []
         super().fit(agent_loop_manager)
@@ -148,7 +176,11 @@ class SearchR1Trainer(PPOTrainerSync):
         data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
         # pop, as verl's _validate does: indexing a non-tensor stack gives a LinkedList (no .tolist()).
         stats = [ef.get(MODE_NAME) for ef in data.pop("extra_fields").tolist() if isinstance(ef, dict)]
-        metrics.update(search_metrics([s for s in stats if s]))
+        stats = [s for s in stats if s]
+        metrics.update(search_metrics(stats))
+        outage = search_outage(stats, global_steps, self.config.search_r1.retriever.urls)
+        if outage:
+            raise SearchOutage(outage)
         if self.use_reference_policy:
             fields = ["response_mask", "old_log_probs", "ref_log_prob"]
             logp = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields).to_padded_tensor()
