@@ -160,9 +160,42 @@ def _build_tiny_qwen3(out: Path) -> dict:
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
+def _tiny_builder(model_type: str):
+    """A builder of a seeded random model of `model_type` (transformers' name: qwen2, llama) with
+    tiny-random-qwen3's shape and tokenizer: the same architecture code path as a full-size model of
+    that family (the GPU rehearsal, verl_ext/rehearsal.py, stands one in for Qwen2.5 or Llama)."""
+
+    def build(out: Path) -> dict:
+        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+        tokenizer = load_tokenizer("smollm2-135m-instruct")
+        shape = dict(TINY_QWEN3_SHAPE)
+        config = AutoConfig.for_model(
+            model_type, vocab_size=len(tokenizer), tie_word_embeddings=True, **shape,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(TINY_QWEN3_SEED)
+            model = AutoModelForCausalLM.from_config(config)
+        model.generation_config = GenerationConfig(
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        return {"source": "random init", "model_type": model_type, "seed": TINY_QWEN3_SEED, **shape,
+                "parameters": sum(p.numel() for p in model.parameters())}
+
+    return build
+
+
+# transformers model_type -> the tiny random stand-in of that architecture family
+TINY_BY_MODEL_TYPE = {"qwen3": "tiny-random-qwen3", "qwen2": "tiny-random-qwen2", "llama": "tiny-random-llama"}
+
 ALIASES = {
     "smollm2-135m-instruct": _build_smollm2,
     "tiny-random-qwen3": _build_tiny_qwen3,
+    "tiny-random-qwen2": _tiny_builder("qwen2"),
+    "tiny-random-llama": _tiny_builder("llama"),
 }
 
 
