@@ -7,7 +7,7 @@ behaviour.
    forced tokens through the KV cache, as HFGenerator does), interleaved over several repeats, so
    machine load hits both alike. Equal ms per step means the weights are not slower to compute with
    (no denormals, no layout or dtype difference).
-2. Behaviour (with --eval-dirs, the `python -m search_r1.eval` output directories of the same models on
+2. Behaviour (with --eval-dirs, the `python -m search_r1.evaluation` output directories of the same models on
    the same questions): HFGenerator's batch runs each generation round until its LONGEST row stops,
    so a round costs (its longest row's new tokens) decode steps, whatever the mean. From the recorded
    responses this reports, per model, the mean new tokens per policy turn and the decode steps the

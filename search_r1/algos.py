@@ -111,7 +111,7 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.
     it to `entropy_from_logits` for a report). Same numbers and gradients as
     `z.gather(-1, t[..., None])[..., 0] - z.logsumexp(-1)`, with a backward that allocates one (..., V)
     tensor instead of five: at a policy's vocabulary (49k) the log-prob's backward is a large share of
-    an update on CPU (bench/token_log_probs.py).
+    an update on CPU (bench/studies/token_log_probs.py).
     """
     return _TokenLogProb.apply(logits, targets)
 

@@ -1,9 +1,9 @@
 """Did training change these answers, or would any change of that size have changed them?
 
-    python bench/drift_null.py --base WARMSTART_DIR --trained RUN_OR_CHECKPOINT [MORE ...] \
+    python bench/studies/drift_null.py --base WARMSTART_DIR --trained RUN_OR_CHECKPOINT [MORE ...] \
         --out OUT_DIR [--shuffles 3] -- EVAL_ARGS...
 
-EVAL_ARGS go to `python -m search_r1.eval` unchanged (data, retriever, lengths, dtype: the settings the
+EVAL_ARGS go to `python -m search_r1.evaluation` unchanged (data, retriever, lengths, dtype: the settings the
 trainer validated with, e.g. `--data dev.parquet --retriever-index default --max-turns 1
 --max-obs-length 192 --max-response-length 384 --dtype float32`).
 
@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
@@ -77,7 +77,7 @@ def shuffled_model(base_dir: Path, base: dict, trained: dict, seed: int, out: Pa
 def evaluate(model: Path, out: Path, eval_args: list[str]) -> "Run":
     from search_r1.evaluation.compare import Run
 
-    cmd = [sys.executable, "-m", "search_r1.eval", "--model", str(model), "--out", str(out),
+    cmd = [sys.executable, "-m", "search_r1.evaluation", "--model", str(model), "--out", str(out),
            "--overwrite", "--no-progress", *eval_args]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, eval_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     epilog="Arguments after -- go to python -m search_r1.eval.")
+                                     epilog="Arguments after -- go to python -m search_r1.evaluation.")
     parser.add_argument("--base", required=True, help="the model training started from (HF directory)")
     parser.add_argument("--trained", required=True, nargs="+",
                         help="trained models (HF directory, checkpoint or run directory); the first is "

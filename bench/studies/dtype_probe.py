@@ -1,8 +1,8 @@
 """Is bf16 faster than fp32 on this CPU, per role? What `auto` measures, repeated, beside a real decode
 (a benchmark, not a test).
 
-    python bench/dtype_probe.py                  # 4 repeats of each timing `auto` could use
-    python bench/dtype_probe.py --decode         # also a real SmolLM2 greedy decode in both dtypes
+    python bench/studies/dtype_probe.py                  # 4 repeats of each timing `auto` could use
+    python bench/studies/dtype_probe.py --decode         # also a real SmolLM2 greedy decode in both dtypes
 
 Per repeat, the bf16 speed-up (fp32 time / bf16 time, best of the timing's own repeats, the dtypes
 alternating) of:

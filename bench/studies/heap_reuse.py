@@ -1,8 +1,8 @@
 """A GRPO step's phases in a trainer worker that reuses freed memory within a pass
 (`trainer.reuse_freed_memory=true`) against glibc's default (a benchmark, not a test).
 
-    python bench/heap_reuse.py                      # the demo's shape, bf16
-    python bench/heap_reuse.py --dtype float32 --rounds 3
+    python bench/studies/heap_reuse.py                      # the demo's shape, bf16
+    python bench/studies/heap_reuse.py --dtype float32 --rounds 3
 
 glibc gives each allocation above 32 MiB its own mmap and unmaps it on free, so every micro-batch's
 logits and the tied embedding's gradient arrive as fresh pages the kernel must fault in and zero.
@@ -16,7 +16,7 @@ Each child builds a PolicyWorker (SmolLM2-135M-Instruct, `--threads` torch threa
 one warm-up step, `--steps` steps of the worker's three phases as the trainer calls them:
     sample   generate_sequences: `--groups` x `--n` rows, random ~`--prompt-len`-token prompts,
              `--max-tokens` new tokens at temperature 1 (fixed seed: both settings sample the same)
-    ref      compute_ref_log_prob over a batch of the demo's shape (bench/shared_prompt_forward.py)
+    ref      compute_ref_log_prob over a batch of the demo's shape (bench/studies/shared_prompt_forward.py)
     update   update_actor over it (one mini-batch, micro-batch `--micro-batch-size`)
 and prints per phase the median wall seconds, system CPU seconds and minor page faults, the default /
 reuse ratio of the medians over all rounds, and each process's peak RSS. Samples, reference log-probs
@@ -35,9 +35,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "studies"))
 PHASES = ("sample", "ref", "update")
 
 

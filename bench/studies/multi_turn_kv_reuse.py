@@ -1,14 +1,14 @@
 """A rollout's later rounds on the previous round's KV cache, against re-prefilling the whole context
 (a benchmark, not a test).
 
-    python bench/multi_turn_kv_reuse.py --model WARMSTART_DIR --data dev.parquet --retriever-index default
-    python bench/multi_turn_kv_reuse.py ... --limit 32 --repeats 2 -- --max-turns 2 --max-obs-length 192
+    python bench/studies/multi_turn_kv_reuse.py --model WARMSTART_DIR --data dev.parquet --retriever-index default
+    python bench/studies/multi_turn_kv_reuse.py ... --limit 32 --repeats 2 -- --max-turns 2 --max-obs-length 192
 
-Runs `python -m search_r1.eval` in this process on the same questions with HFGenerator's
+Runs `python -m search_r1.evaluation` in this process on the same questions with HFGenerator's
 `reuse_kv` on and off, alternating (`--repeats` pairs, so machine load hits both alike), and prints
 per run: seconds, the prefill passes' seconds and tokens (new tokens only when the cache is reused),
 the decoding seconds, and whether both settings wrote the same responses. Arguments after `--` go to
-`search_r1.eval` unchanged (defaults: the demo's validation, `--max-turns 1 --max-obs-length 192
+`search_r1.evaluation` unchanged (defaults: the demo's validation, `--max-turns 1 --max-obs-length 192
 --max-response-length 384 --batch-size 32 --dtype float32`). Run it on an idle machine and write the
 CPU kind beside the figures.
 """
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 DEFAULT_EVAL_ARGS = ["--max-turns", "1", "--max-obs-length", "192", "--max-response-length", "384",
                      "--batch-size", "32", "--dtype", "float32"]
@@ -73,7 +73,7 @@ def generator_setting(reuse: bool, timings: dict):
 
 
 def run_once(args, reuse: bool, out_dir: Path) -> dict:
-    from search_r1 import eval as eval_cli
+    from search_r1.evaluation import cli as eval_cli
 
     timings = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0}
     argv = ["--model", args.model, "--data", args.data, "--retriever-index", args.retriever_index,
@@ -83,7 +83,7 @@ def run_once(args, reuse: bool, out_dir: Path) -> dict:
     with generator_setting(reuse, timings), contextlib.redirect_stdout(sys.stderr):
         rc = eval_cli.main(argv)
     if rc:
-        raise SystemExit(f"search_r1.eval exited with {rc}")
+        raise SystemExit(f"search_r1.evaluation exited with {rc}")
     timings["total_s"] = time.perf_counter() - t0
     timings["responses"] = [json.loads(line)["response"] for line in open(out_dir / "predictions.jsonl")]
     return timings

@@ -1,8 +1,8 @@
 """How a trainer worker's idle OpenMP threads wait (`trainer.omp_spincount`), on an idle machine and
 beside one busy process (a benchmark, not a test).
 
-    python bench/omp_wait.py                                  # the demo's shape, bf16
-    python bench/omp_wait.py --spincounts 1000 10000 --repeats 1
+    python bench/studies/omp_wait.py                                  # the demo's shape, bf16
+    python bench/studies/omp_wait.py --spincounts 1000 10000 --repeats 1
 
 Between two parallel regions (thousands per forward pass) torch's OpenMP threads (GNU libgomp) spin
 or sleep. libgomp reads its settings once, at start, so each setting runs in its own child process,
@@ -13,7 +13,7 @@ with the environment `search_r1.trainer.workers.worker_env` gives a worker actor
 Each child builds a PolicyWorker (SmolLM2-135M-Instruct, `--threads` torch threads, bf16) and times,
 after a warm-up, the best of `--repeats` runs of: sample (generate_sequences, `--groups` x `--n` rows,
 ~145-token prompts, `--max-tokens` tokens), ref (compute_ref_log_prob) and update (update_actor) on a
-demo-shaped batch (bench/shared_prompt_forward.py's `update_batch`). Each setting runs idle, then with
+demo-shaped batch (bench/studies/shared_prompt_forward.py's `update_batch`). Each setting runs idle, then with
 one busy Python process (`while True: pass`) beside it, the machine shared as when other work runs.
 Prints seconds per phase and each setting's time over passive's. Run it on an otherwise idle machine
 and write the CPU kind beside the figures.
@@ -28,9 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "studies"))
 PHASES = ("sample", "ref", "update")
 
 

@@ -11,8 +11,8 @@ prints the metrics `update_actor` logs every step (`training/rollout_log_probs_d
   - before: `copy.deepcopy(model).to(torch.bfloat16)`, which also cast inv_freq
   - fp32:   the policy itself samples (the floor: KV-cache vs full-sequence kernels)
 
-    python bench/rollout_mismatch.py                       # SmolLM2, 16 rollouts x 64 tokens
-    python bench/rollout_mismatch.py --compute-dtype bfloat16   # as the demo (bf16 autocast log-probs)
+    python bench/studies/rollout_mismatch.py                       # SmolLM2, 16 rollouts x 64 tokens
+    python bench/studies/rollout_mismatch.py --compute-dtype bfloat16   # as the demo (bf16 autocast log-probs)
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without installing
 
 from verl import DataProto  # noqa: E402
 

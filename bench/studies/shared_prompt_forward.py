@@ -1,9 +1,9 @@
 """The worker's log-prob and update passes with each GRPO group's prompt run once, against one full
 forward per row (a benchmark, not a test).
 
-    python bench/shared_prompt_forward.py                          # the demo's shape, fp32
-    python bench/shared_prompt_forward.py --dtype bfloat16 --micro-batch-sizes 2 4 8
-    python bench/shared_prompt_forward.py --groups 8 --prompt-len 210 --response-len 420   # the experiment's
+    python bench/studies/shared_prompt_forward.py                          # the demo's shape, fp32
+    python bench/studies/shared_prompt_forward.py --dtype bfloat16 --micro-batch-sizes 2 4 8
+    python bench/studies/shared_prompt_forward.py --groups 8 --prompt-len 210 --response-len 420   # the experiment's
 
 A PolicyWorker (SmolLM2-135M-Instruct, in this process, `--threads` torch threads) scores a batch
 shaped like a GRPO step: `--groups` prompts x `--n` samples, rows of one group sharing a left-padded
@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def parse_args(argv=None):

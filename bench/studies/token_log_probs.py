@@ -2,8 +2,8 @@
 an entropy report that reuses its logsumexp) against the autograd graph it replaced (a benchmark, not
 a test).
 
-    python bench/token_log_probs.py                      # the demo's shape, bf16
-    python bench/token_log_probs.py --dtype float32 --repeats 5
+    python bench/studies/token_log_probs.py                      # the demo's shape, bf16
+    python bench/studies/token_log_probs.py --dtype float32 --repeats 5
 
 Before: logp = z.gather(target) - logsumexp(z), differentiated by autograd, whose backward builds five
 (m, r, V) temporaries (z - lse, its exp, the product with the gradient, the gather's zero-filled scatter,
@@ -12,7 +12,7 @@ per row. After: one in-place (m, r, V) tensor in the backward, and the report re
 logsumexp. V is 49,152 for SmolLM2, so these are the largest tensors of a pass.
 
 One PolicyWorker (SmolLM2-135M-Instruct, in this process, `--threads` torch threads) and one batch of
-the demo's shape (bench/shared_prompt_forward.py's `update_batch`); each repeat times, for the old path
+the demo's shape (bench/studies/shared_prompt_forward.py's `update_batch`); each repeat times, for the old path
 (patched back into the worker module) and the new one, alternating:
     ref     compute_ref_log_prob over the batch (no grad: the forward's logsumexp only)
     update  update_actor over it (one mini-batch; the optimizer's state and the weights are restored
@@ -31,9 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "studies"))
 
 
 def parse_args(argv=None):

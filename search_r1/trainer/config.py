@@ -350,7 +350,7 @@ class TrainerConfig:
     threads_per_worker: int = 2
     # Workers keep freed memory for the next micro-batch of a rollout or update (glibc's mmap off)
     # instead of faulting its pages in again: bf16 update 1.17-1.83x on a Xeon with AMX, the same
-    # numbers to the bit, peak RSS +0.25 GiB (bench/heap_reuse.py). Off by default: over a 20-step demo
+    # numbers to the bit, peak RSS +0.25 GiB (bench/studies/heap_reuse.py). Off by default: over a 20-step demo
     # the worker's peak inside updates rose 5.95 -> 7.05 GiB with it (5.56 -> 6.27 GiB without), and
     # how far it grows over a long run is not measured.
     reuse_freed_memory: bool = False
