@@ -9,9 +9,12 @@ through `LLMServerClient` and expect a `TokenOutput`; verl's trainer and checkpo
 
 Generation: the concurrent requests of an agent-loop worker arrive one trajectory at a time; the
 server collects the requests that arrive within `batch_window_s` and runs each group with identical
-sampling settings as one `HFGenerator.generate` batch (stop strings exact, log-probs of the sampled
-tokens), in a thread so the actor keeps accepting requests. Weight loads wait for the running
-batch and block new ones (one lock).
+sampling settings but for `max_tokens` as one `HFGenerator.generate` batch (stop strings exact,
+log-probs of the sampled tokens), in a thread so the actor keeps accepting requests. The group runs
+to its largest budget and each output is cut back to its own, which is what that request alone would
+have produced from the same draws (a token never depends on later ones); without that, trajectories
+whose budgets differed by a token (the agent loop asks for what is left of each response) ran one
+request per batch. Weight loads wait for the running batch and block new ones (one lock).
 
 Sampling semantics follow vLLM's server in verl (`vLLMHttpServer.generate`): `max_tokens` defaults to
 `min(response_length, prompt_length + response_length - len(prompt))`, clamped to the room left in
@@ -23,6 +26,7 @@ non-default values raise ValueError naming the key.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -92,6 +96,16 @@ def to_sampling_params(sampling_params: dict[str, Any], prompt_len: int, prompt_
         raise ValueError(f"HF rollout server: unsupported sampling_params keys {sorted(params)}; supported: "
                          f"max_tokens, temperature, top_p, top_k, stop, seed, logprobs, {sorted(_ONLY_AT)}")
     return out, want_logprobs
+
+
+def within_budget(out, max_tokens: int):
+    """`out` (a GenOutput of a batch run to a larger budget) cut to `max_tokens`: the same tokens and
+    log-probs a run with that budget samples, finish_reason "length" when the cut removed anything."""
+    if len(out.token_ids) <= max_tokens:
+        return out
+    return dataclasses.replace(out, token_ids=list(out.token_ids[:max_tokens]),
+                               logprobs=list(out.logprobs[:max_tokens]) if out.logprobs is not None else None,
+                               finish_reason="length")
 
 
 @dataclass
@@ -177,15 +191,17 @@ class HFRolloutServer:
             batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
             groups: dict[Any, list[_Request]] = {}
             for req in batch:
-                groups.setdefault(req.params, []).append(req)
+                groups.setdefault(dataclasses.replace(req.params, max_tokens=1), []).append(req)
             for params, reqs in groups.items():
-                await self._run_group(params, reqs)
+                longest = max(r.params.max_tokens for r in reqs)
+                await self._run_group(dataclasses.replace(params, max_tokens=longest), reqs)
 
     async def _run_group(self, params, reqs: list[_Request]) -> None:
         start = time.perf_counter()
         try:
             async with self._lock:
                 outs = await asyncio.to_thread(self.generator.generate, [r.prompt_ids for r in reqs], params)
+            outs = [within_budget(out, r.params.max_tokens) for r, out in zip(reqs, outs)]
         except Exception as exc:  # hand the error to every waiting request instead of losing it
             for r in reqs:
                 if not r.future.done():

@@ -113,6 +113,27 @@ def test_concurrent_requests_share_one_batch_and_get_distinct_samples(server):
     assert all(o.extra_fields["global_steps"] is None for o in outs)
 
 
+def test_requests_with_different_budgets_share_one_batch_and_keep_their_own(server):
+    """The agent loop asks each turn for what is left of its response budget, so concurrent requests
+    differ in max_tokens; they still run as one batch (one per request made a 2,400-trajectory
+    rehearsal crawl), and each output is what its own budget gives: greedy, the same tokens as alone."""
+    prompt = _prompt(server)
+    alone = {n: asyncio.run(server.generate(prompt_ids=prompt, request_id=f"alone{n}", sampling_params={
+        "temperature": 0, "max_tokens": n, "logprobs": True})) for n in (5, 9, 16)}
+    batches = server.stats["batches"]
+
+    async def burst():
+        return await asyncio.gather(*[server.generate(prompt_ids=prompt, request_id=str(n), sampling_params={
+            "temperature": 0, "max_tokens": n, "logprobs": True}) for n in (5, 9, 16)])
+
+    outs = asyncio.run(burst())
+    assert server.stats["batches"] == batches + 1
+    for n, out in zip((5, 9, 16), outs):
+        assert out.token_ids == alone[n].token_ids and len(out.token_ids) == n
+        assert out.log_probs == pytest.approx(alone[n].log_probs, abs=1e-5)
+        assert out.extra_fields["finish_reason"] == alone[n].extra_fields["finish_reason"] == "length"
+
+
 def test_load_weights_changes_the_policy_and_rejects_foreign_names(server):
     prompt = _prompt(server)
     params = {"temperature": 0, "max_tokens": 8, "logprobs": True}
