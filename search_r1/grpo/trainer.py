@@ -44,7 +44,7 @@ from search_r1.grpo.records import TokenStep, Trajectory
 from search_r1.prompts import apply_chat_template, chatml_prompt, grpo_messages
 from search_r1.protocol import decode_ids, encode_texts
 from search_r1.rewards import EOS_MARKERS, check_answer_correctness, check_format_correctness, extract_answer
-from search_r1.search.base import SearchEngine
+from search_r1.search.base import SearchEngine, as_search_engine
 
 logger = logging.getLogger(__name__)
 
@@ -132,9 +132,8 @@ class GRPOTrainer:
         config = SearchR1Config() if config is None else config
         if not isinstance(config, SearchR1Config):
             raise ValueError(f"config must be a SearchR1Config, got {type(config).__name__}")
-        if search_engine is not None and not callable(getattr(search_engine, "batch_search", None)):
-            raise ValueError(f"search_engine must be a SearchEngine (with batch_search), got "
-                             f"{type(search_engine).__name__}")
+        if search_engine is not None:  # an engine with search(query) -> str alone is accepted too
+            search_engine = as_search_engine(search_engine)
         self.config = cfg = config
         self.model = self.optimizer = None
         if cfg.use_openai:

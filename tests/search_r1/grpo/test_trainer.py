@@ -264,3 +264,23 @@ def test_update_policy_explains_itself_without_weights():
     with pytest.raises(PolicyUpdateUnavailable, match="no gradient flows through an API"):
         trainer.update_policy([])
     assert VELTRA
+
+
+def test_trainer_accepts_an_engine_with_search_only():
+    """The notebook API's specification writes a SearchEngine with `search(query) -> str` alone."""
+    from search_r1.grpo import SearchEngine
+
+    class SpecEngine(SearchEngine):
+        def __init__(self):
+            self.asked = []
+
+        def search(self, query: str) -> str:
+            self.asked.append(query)
+            return VELTRA
+
+    model, tokenizer = load_model_and_tokenizer("tiny-random-qwen3")
+    engine = SpecEngine()
+    trainer = GRPOTrainer(tiny_config(), search_engine=engine, model=model, tokenizer=tokenizer)
+    install_script(trainer, QUERIES)
+    t = trainer.generate_trajectory(QUERIES[0])
+    assert t.num_searches == 1 and engine.asked and "Veltra was founded by Ana Osk" in t.generated_text
