@@ -11,8 +11,12 @@ every other process (Ray workers, `vllm serve`), reads that directory (`resolve_
 Conversion writes into a temp dir next to the target and renames it into place under a file lock, so a
 crash never leaves a half-written directory and two processes converting at once do not collide.
 
-Nothing here touches the network: `HF_HUB_OFFLINE` is forced on for every load; a name that is neither
-an alias nor an existing path is looked up only in the local Hugging Face cache.
+Aliases, directories and GGUF files never touch the network. A name that is none of them is a
+Hugging Face hub id (`Qwen/Qwen2.5-3B-Instruct`): taken from the local Hugging Face cache when it is
+there, else downloaded into it (`huggingface_hub.snapshot_download`, said on the console), unless
+`HF_HUB_OFFLINE` / `TRANSFORMERS_OFFLINE` is 1: then the error names the fix. The tests, the demo and
+the CPU path of scripts/train_grpo.sh set both (their environment, never this module), so they stay
+offline.
 
 Tokenizer conventions (applied to every tokenizer this module returns):
 - pad_token: a token distinct from EOS when the vocabulary has one (`<|endoftext|>` for SmolLM2),
@@ -30,6 +34,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -56,9 +61,15 @@ TINY_QWEN3_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers
                         max_position_embeddings=8192)
 
 
-def _force_offline() -> None:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+# The weights and tokenizer files a hub download fetches (not .bin / .gguf / .onnx / original/ copies).
+HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+
+
+def hub_offline() -> bool:
+    """True when the environment forbids hub downloads (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is on,
+    spelled as huggingface_hub accepts it: 1, true, yes, on)."""
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in OFFLINE_VARS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -85,10 +96,10 @@ def bundled_smollm2_gguf() -> Path:
 def resolve_model_path(name_or_path: str | os.PathLike) -> str:
     """Local HF directory holding the weights of `name_or_path` (converting / building it once).
 
-    Accepts an alias (see `ALIASES`), an HF directory, a `.gguf` file, or a hub id already present
-    in the local Hugging Face cache. Raises ValueError naming the aliases for anything else.
+    Accepts an alias (see `ALIASES`), an HF directory, a `.gguf` file, or a hub id (from the local
+    Hugging Face cache, downloaded into it when missing and not offline; see the module docstring).
+    Raises ValueError naming the aliases and the fix for anything else.
     """
-    _force_offline()
     name = os.fspath(name_or_path)
     if name in ALIASES:
         return str(_ensure_cached(name, ALIASES[name]))
@@ -361,17 +372,34 @@ def _ensure_cached(name: str, build) -> Path:
 
 
 def _hub_cache_dir(name: str) -> str:
-    """A hub id already in the local HF cache (never downloads); otherwise a ValueError."""
+    """The snapshot directory of hub id `name`: the local Hugging Face cache's, or a fresh download
+    into it (never when offline, see `hub_offline`); otherwise a ValueError naming the fix."""
     problem = f"model {name!r} is not an alias, an existing directory, or a .gguf file"
-    if name.count("/") == 1 and not name.startswith((".", "/", "~")):
-        try:
-            from huggingface_hub import snapshot_download
+    aliases = f"Known aliases: {sorted(ALIASES)}."
+    if name.count("/") != 1 or name.startswith((".", "/", "~")):
+        raise ValueError(f"{problem}. {aliases} Pass a local transformers directory, a GGUF file or a "
+                         "Hugging Face hub id (org/name).")
+    from huggingface_hub import snapshot_download
 
-            return snapshot_download(name, local_files_only=True)
-        except Exception as exc:  # noqa: BLE001 - any hub-cache miss gets the same actionable message
-            problem += f", and it is not in the local Hugging Face cache ({type(exc).__name__})"
-    raise ValueError(f"{problem}. Known aliases: {sorted(ALIASES)}. Pass a local transformers "
-                     "directory or GGUF file (downloading from a hub is disabled here).")
+    try:
+        return snapshot_download(name, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not (completely) in the cache: download it, or say why not
+        pass
+    if hub_offline():
+        raise ValueError(f"{problem}, and it is not in the local Hugging Face cache, which is all HF_HUB_OFFLINE=1 "
+                         f"(or TRANSFORMERS_OFFLINE=1) allows. Fix: unset HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE "
+                         f"to download it, or pre-download it (`huggingface-cli download {name}`), or pass a local "
+                         f"directory. {aliases}")
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    print(f"downloading {name} from the Hugging Face hub into {HF_HUB_CACHE} (set HF_HUB_OFFLINE=1 to forbid "
+          "downloads)", file=sys.stderr, flush=True)
+    try:
+        return snapshot_download(name, allow_patterns=HUB_FILE_PATTERNS)
+    except Exception as exc:  # noqa: BLE001 - repository missing, gated, network down: one actionable message
+        raise ValueError(f"{problem}, and downloading it from the Hugging Face hub failed ({type(exc).__name__}: "
+                         f"{str(exc)[:300]}). Fix: check the id (or the path, if you meant a local directory) and "
+                         "the network; a gated model needs `huggingface-cli login` or HF_TOKEN.") from exc
 
 
 def _glibc():

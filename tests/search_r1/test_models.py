@@ -27,7 +27,53 @@ def test_unknown_names_and_bad_paths_are_clear_errors(tmp_path):
     weights.write_bytes(b"\0")
     with pytest.raises(ValueError, match="not a .gguf"):
         load_model_and_tokenizer(weights)
-    assert os.environ["HF_HUB_OFFLINE"] == "1"
+
+
+@pytest.fixture
+def fake_hub(monkeypatch, tmp_path):
+    """huggingface_hub.snapshot_download replaced at its boundary: the cache holds nothing; a download
+    creates a snapshot directory with a config.json. Nothing touches the network."""
+    import huggingface_hub
+
+    calls = []
+
+    def snapshot_download(repo_id, local_files_only=False, **kwargs):
+        calls.append({"repo_id": repo_id, "local_files_only": local_files_only, **kwargs})
+        if local_files_only:
+            raise huggingface_hub.errors.LocalEntryNotFoundError(f"{repo_id} is not cached")
+        snap = tmp_path / "hub" / repo_id.replace("/", "--")
+        snap.mkdir(parents=True)
+        (snap / "config.json").write_text("{}")
+        return str(snap)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    return calls
+
+
+def test_a_hub_id_downloads_when_not_offline_and_says_so(fake_hub, monkeypatch, capsys):
+    for var in models.OFFLINE_VARS:
+        monkeypatch.delenv(var, raising=False)
+    path = resolve_model_path("Qwen/Qwen2.5-3B-Instruct")
+    assert (Path(path) / "config.json").is_file()
+    assert [(c["repo_id"], c["local_files_only"]) for c in fake_hub] == [
+        ("Qwen/Qwen2.5-3B-Instruct", True), ("Qwen/Qwen2.5-3B-Instruct", False)]  # the cache first, then the hub
+    assert "downloading Qwen/Qwen2.5-3B-Instruct from the Hugging Face hub into" in capsys.readouterr().err
+    # the process is not switched offline behind the user's back
+    assert not any(os.environ.get(var) for var in models.OFFLINE_VARS)
+    # aliases and local paths never reach the hub
+    resolve_model_path("tiny-random-qwen3")
+    assert len(fake_hub) == 2
+
+
+@pytest.mark.parametrize("var", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"])
+def test_offline_mode_prevents_the_download_and_names_the_fix(fake_hub, monkeypatch, var):
+    for v in models.OFFLINE_VARS:
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv(var, "1")
+    with pytest.raises(ValueError, match=r"not in the local Hugging Face cache.*unset HF_HUB_OFFLINE.*"
+                                         r"huggingface-cli download Qwen/Qwen2.5-3B-Instruct"):
+        resolve_model_path("Qwen/Qwen2.5-3B-Instruct")
+    assert all(c["local_files_only"] for c in fake_hub)  # looked in the cache only
 
 
 def test_bundled_gguf_is_found_without_importing_its_package():
