@@ -1,4 +1,5 @@
-"""GRPO advantages, KL estimators and the PPO-clip policy loss: pure tensor functions.
+"""GRPO advantages, KL estimators, the PPO-clip policy loss, the LLDS likelihood-preserving term and the
+likelihood diagnostics: pure tensor functions.
 
 Shape legend: B prompts, G samples per prompt (group size), N = B * G trajectories, L response
 length (tokens), V vocabulary. `mask` / `response_mask` is (N, L), 1 on tokens the policy generated
@@ -9,18 +10,20 @@ References: GRPO, Shao et al. 2024 (arXiv 2402.03300) eq. 3 (outcome supervision
 et al. 2017 (arXiv 1707.06347) eq. 7; dual-clip PPO, Ye et al. 2019 (arXiv 1912.09729); K3 KL
 estimator, J. Schulman, "Approximating KL divergence" (2020); truncated importance sampling of a
 sampler that differs from the trainer, Yao et al. 2025 ("Your efficient RL framework secretly brings
-you off-policy RL training"). The numbers match verl 0.9's `core_algos` (`kl_penalty(...,
+you off-policy RL training"); LLDS, Deng et al. 2025 (arXiv 2512.04220, "On GRPO Collapse in
+Search-R1: The Lazy Likelihood-Displacement Death Spiral"). The numbers match verl 0.9's `core_algos` (`kl_penalty(...,
 "low_var_kl")`, `compute_policy_loss_vanilla`, `agg_loss`) and, with `std="unbiased", eps=1e-6`
 (verl's and upstream Search-R1's settings; our default is `population`, eps 1e-8, from the seed
 specification), `compute_grpo_outcome_advantage`; tests/search_r1/test_algos.py checks that.
 
 `KL_ESTIMATORS` maps `algorithm.kl_type` names to estimators (`get_kl_estimator`); `AGG_MODES`,
-`STD_MODES` and `ROLLOUT_IS_LEVELS` list the other names the config selects from. An unknown name
+`STD_MODES`, `ROLLOUT_IS_LEVELS` and `LLDS_GATES` list the other names the config selects from. An unknown name
 raises ValueError listing the valid ones. (One advantage estimator and one policy loss: the trainer
 calls them directly.)
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -451,3 +454,146 @@ def rollout_mismatch_sums(old_logp: torch.Tensor, rollout_logp: torch.Tensor,
             "logp_diff_max": float(d.max()) if d.numel() else 0.0,
             "prob_diff_max": float(p.max()) if p.numel() else 0.0,
             "seq_ratio_max": float(rho.max()) if rho.numel() else 0.0}
+
+
+# --------------------------------------------------------------------------- likelihood preservation
+
+LLDS_GATES = ("response", "action")
+
+
+def action_ids(response_mask: torch.Tensor) -> torch.Tensor:
+    """Number each action (generation turn) of every response: k = 1, 2, ... on the tokens of the k-th
+    maximal run of response_mask == 1 in the row, 0 under mask 0 (observations, padding).
+
+    A multi-turn Search-R1 response is [turn 1 | <information> (mask 0) | turn 2 | ...], so the runs
+    of generated tokens between observations are its actions. Shapes: (N, L) -> (N, L) int64.
+    """
+    m = response_mask.bool()
+    prev = torch.nn.functional.pad(m[:, :-1], (1, 0), value=False)  # (N, L): mask of the token before
+    starts = m & ~prev  # (N, L) first token of each run
+    return torch.cumsum(starts.long(), dim=1) * m.long()  # (N, L) run number, 0 outside runs
+
+
+def llds_penalty(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                 response_mask: torch.Tensor, gate: str = "response") -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token LLDS penalty (Lazy Likelihood-Displacement regularisation, Deng et al. 2025,
+    arXiv 2512.04220, "On GRPO Collapse in Search-R1"), before aggregation.
+
+        d_t   = log pi_theta(y_t) - log pi_old(y_t)                 per-token log-ratio
+        P_i   = 1[A_i,t >= 0 on every generated token of i]         preserving set (non-negative advantage)
+        U(t)  = the unit holding token t: the whole response (gate="response") or its action, the
+                maximal run of generated tokens between observations (gate="action", `action_ids`)
+        F(t)  = 1[sum_{t' in U(t)} m_t' d_t' < 0]                   the unit's likelihood fell
+        g_t   = m_t * P_i * F(t) * 1[d_t < 0]                       the tokens responsible
+        p_t   = g_t * max(0, log pi_old(y_t) - log pi_theta(y_t))   = g_t * relu(-d_t)
+
+    The gate g is computed without gradient; the gradient flows through log pi_theta only (old is
+    detached), and pushes the gated tokens' likelihood back up to pi_old's. Observation tokens
+    (mask 0) are never in a unit and never penalised. With pi_theta == pi_old (the first update on
+    a batch) every d_t is 0 and the penalty is 0: LLDS acts from the second update on a rollout
+    batch (more mini-batches or PPO epochs).
+
+    Shapes: log_probs, old_log_probs, response_mask (N, L); advantages (N, L) or (N,) -> penalty
+    (N, L), zero off the gate. Stats (detached floats): `actor/llds_gated_token_frac` (gated tokens /
+    generated tokens) and `actor/llds_gated_response_frac` (responses with a gated token / responses
+    with a generated token).
+    """
+    if gate not in LLDS_GATES:
+        raise ValueError(f"unknown LLDS gate {gate!r}; valid: {list(LLDS_GATES)} (algorithm.llds_gate)")
+    m = response_mask.bool()  # (N, L)
+    with torch.no_grad():
+        d = torch.where(m, log_probs.detach() - old_log_probs.detach(), torch.zeros((), dtype=log_probs.dtype))
+        adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(d)  # (N,) -> (N, L)
+        lowest = torch.where(m, adv.to(d.dtype), torch.full((), math.inf, dtype=d.dtype)).amin(dim=-1)  # (N,)
+        preserve = lowest >= 0  # (N,) rows with no negative advantage on a generated token
+        if gate == "response":
+            fell = (d.sum(dim=-1) < 0)[:, None].expand_as(m)  # (N,) -> (N, L)
+        else:
+            ids = action_ids(m)  # (N, L) 0 = no action
+            unit_sum = torch.zeros(d.shape[0], d.shape[1] + 1, dtype=d.dtype).scatter_add_(1, ids, d)  # (N, L + 1)
+            fell = (unit_sum < 0).gather(1, ids)  # (N, L) the sum of the token's own action
+        g = m & preserve[:, None] & fell & (d < 0)  # (N, L)
+        rows = m.any(dim=-1)  # (N,)
+        stats = {
+            "actor/llds_gated_token_frac": float(g.sum()) / max(float(m.sum()), 1.0),
+            "actor/llds_gated_response_frac": float((g.any(dim=-1) & rows).sum()) / max(float(rows.sum()), 1.0),
+        }
+    penalty = (old_log_probs.detach() - log_probs).clamp_min(0.0)  # (N, L) relu(-d), differentiable in log_probs
+    return torch.where(g, penalty, torch.zeros((), dtype=penalty.dtype)), stats
+
+
+def llds_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+              response_mask: torch.Tensor, gate: str = "response", agg: str = "token-mean",
+              normalizer: float | torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The LLDS loss term: `agg_loss(llds_penalty(...), response_mask, agg, normalizer)`.
+
+        L_LLDS = sum_{i,t} g_t * relu(log pi_old(y_t) - log pi_theta(y_t)) / T     (token-mean, T = sum m)
+
+    aggregated exactly as the policy loss (same mask, mode and normalizer: the denominator counts
+    every generated token, gated or not, so micro-batch terms add up to the mini-batch's and the
+    term's scale does not jump when few tokens are gated). The trainer adds `llds_coef * L_LLDS` to
+    the PPO-clip loss. Shapes as `llds_penalty` -> loss (). Stats: `llds_penalty`'s plus
+    `actor/llds_loss` (L_LLDS, without the coefficient).
+    """
+    penalty, stats = llds_penalty(log_probs, old_log_probs, advantages, response_mask, gate)
+    loss = agg_loss(penalty, response_mask, agg, normalizer)
+    stats["actor/llds_loss"] = float(loss.detach())
+    return loss, stats
+
+
+LIKELIHOOD_SUMS = ("correct_new", "correct_old", "correct_tokens", "incorrect_new", "incorrect_old",
+                   "incorrect_tokens", "preserved", "preserved_fell")
+
+
+def likelihood_sums(log_probs: torch.Tensor, old_log_probs: torch.Tensor, response_mask: torch.Tensor,
+                    correct: torch.Tensor, advantages: torch.Tensor) -> dict[str, float]:
+    """Sums behind the likelihood diagnostics of arXiv 2512.04220 (one micro-batch; add the dicts of
+    several, then `likelihood_metrics`).
+
+        correct_new   = sum_{i correct, t} m_t log pi_theta(y_t)     correct_tokens = sum_{i correct, t} m_t
+        correct_old   = sum_{i correct, t} m_t log pi_old(y_t)       (incorrect_*: the same over i not correct)
+        preserved     = #{i : A_i >= 0 on every generated token, sum_t m_t > 0}
+        preserved_fell = #{i preserved : sum_t m_t (log pi_theta - log pi_old) < 0}
+
+    `correct` is the caller's notion of a correct response (the trainers use EM > 0). Shapes:
+    log_probs, old_log_probs, response_mask (N, L); correct (N,) bool; advantages (N, L) or (N,).
+    """
+    m = response_mask.bool()
+    zero = torch.zeros((), dtype=torch.float64)
+    new = torch.where(m, log_probs.detach().double(), zero)  # (N, L)
+    old = torch.where(m, old_log_probs.detach().double(), zero)  # (N, L)
+    tokens = m.sum(dim=-1).double()  # (N,)
+    ok = correct.bool().to(m.device)  # (N,)
+    adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(new)  # (N,) -> (N, L)
+    preserve = (torch.where(m, adv.double(), torch.full((), math.inf, dtype=torch.float64)).amin(dim=-1) >= 0) \
+        & (tokens > 0)  # (N,)
+    fell = (new - old).sum(dim=-1) < 0  # (N,)
+    return {"correct_new": float(new.sum(-1)[ok].sum()), "correct_old": float(old.sum(-1)[ok].sum()),
+            "correct_tokens": float(tokens[ok].sum()),
+            "incorrect_new": float(new.sum(-1)[~ok].sum()), "incorrect_old": float(old.sum(-1)[~ok].sum()),
+            "incorrect_tokens": float(tokens[~ok].sum()),
+            "preserved": float(preserve.sum()), "preserved_fell": float((preserve & fell).sum())}
+
+
+def likelihood_metrics(sums: dict[str, float], new: str = "new", old: str = "old") -> dict[str, float]:
+    """Per-token means from `likelihood_sums` (summed over micro-batches and ranks):
+
+        likelihood/correct_logp_{new}   = correct_new / correct_tokens      (mean log pi_theta per token)
+        likelihood/correct_logp_{old}   = correct_old / correct_tokens      (mean log pi_old per token)
+        likelihood/incorrect_logp_{new|old}   the same over incorrect responses
+        likelihood/preserved_fell_frac  = preserved_fell / preserved
+
+    A group with no token (no correct response in the batch) is left out rather than logged as 0.
+    `new` / `old` name the two policies in the keys; with other names than the defaults the last key
+    is `likelihood/preserved_fell_frac_{new}_vs_{old}` (e.g. "old" / "rollout": the trainer's pi_old
+    against the sampler's log-probs).
+    """
+    out: dict[str, float] = {}
+    for kind in ("correct", "incorrect"):
+        if sums[f"{kind}_tokens"] > 0:
+            out[f"likelihood/{kind}_logp_{new}"] = sums[f"{kind}_new"] / sums[f"{kind}_tokens"]
+            out[f"likelihood/{kind}_logp_{old}"] = sums[f"{kind}_old"] / sums[f"{kind}_tokens"]
+    if sums["preserved"] > 0:
+        key = "preserved_fell_frac" if (new, old) == ("new", "old") else f"preserved_fell_frac_{new}_vs_{old}"
+        out[f"likelihood/{key}"] = sums["preserved_fell"] / sums["preserved"]
+    return out

@@ -454,3 +454,116 @@ def test_signal_group_rows_keeps_informative_groups_and_pads_with_flat_ones_to_s
     assert A.signal_group_rows(torch.zeros(4), [1, 1, 2, 2]).numel() == 0
     with pytest.raises(ValueError, match="multiple"):
         A.signal_group_rows(adv, uids, multiple=0)
+
+
+# --------------------------------------------------------------------------- LLDS (arXiv 2512.04220)
+
+
+def _llds(logp, old, adv, mask, gate="response"):
+    logp = torch.tensor(logp, dtype=torch.float64, requires_grad=True)
+    loss, stats = A.llds_loss(logp, torch.tensor(old, dtype=torch.float64), torch.tensor(adv, dtype=torch.float64),
+                              torch.tensor(mask, dtype=torch.float64), gate=gate)
+    loss.backward()
+    return loss.item(), stats, logp.grad
+
+
+def test_llds_gate_closed_when_likelihood_rose():
+    # d = logp - old = [-0.1, +0.3, -0.1]: sum +0.1 >= 0, the response's likelihood rose -> no penalty,
+    # even though tokens 0 and 2 fell individually
+    loss, stats, grad = _llds([[-1.1, -0.7, -2.1]], [[-1.0, -1.0, -2.0]], [1.0], [[1, 1, 1]])
+    assert loss == 0.0 and stats["actor/llds_gated_token_frac"] == 0.0
+    assert torch.equal(grad, torch.zeros(1, 3, dtype=torch.float64))
+
+
+def test_llds_gate_open_on_the_falling_tokens_only():
+    # d = [-0.5, +0.2, -0.1, 0]: sum -0.4 < 0, advantage 0.5 >= 0 -> gate open on tokens 0 and 2 (d < 0)
+    # penalty = [0.5, 0, 0.1, 0]; token-mean over the 4 generated tokens = 0.6 / 4 = 0.15
+    # gradient d loss / d logp_t = -1/4 on gated tokens, 0 elsewhere
+    loss, stats, grad = _llds([[-1.5, -0.8, -2.1, -3.0]], [[-1.0, -1.0, -2.0, -3.0]], [0.5], [[1, 1, 1, 1]])
+    assert loss == pytest.approx(0.15)
+    assert stats["actor/llds_loss"] == pytest.approx(0.15)
+    assert stats["actor/llds_gated_token_frac"] == pytest.approx(2 / 4)
+    assert stats["actor/llds_gated_response_frac"] == 1.0
+    torch.testing.assert_close(grad, torch.tensor([[-0.25, 0.0, -0.25, 0.0]], dtype=torch.float64))
+
+
+def test_llds_action_gate_differs_from_response_gate():
+    # two turns separated by an observation (mask 0):  turn 1 = tokens 0-1, obs = 2-3, turn 2 = 4-5
+    # d = [-0.2, -0.2 | obs | +0.5, +0.1]: turn 1 fell (-0.4), turn 2 rose (+0.6), response sum +0.2
+    logp = [[-1.2, -1.2, -9.0, -9.0, -0.5, -0.9]]
+    old = [[-1.0, -1.0, -1.0, -1.0, -1.0, -1.0]]
+    mask = [[1, 1, 0, 0, 1, 1]]
+    # response gate: the response rose -> nothing
+    loss, stats, _ = _llds(logp, old, [1.0], mask, gate="response")
+    assert loss == 0.0 and stats["actor/llds_gated_response_frac"] == 0.0
+    # action gate: turn 1 fell -> its tokens 0, 1 (d < 0) penalised: (0.2 + 0.2) / 4 generated tokens = 0.1
+    loss, stats, grad = _llds(logp, old, [1.0], mask, gate="action")
+    assert loss == pytest.approx(0.1)
+    assert stats["actor/llds_gated_token_frac"] == pytest.approx(2 / 4)
+    torch.testing.assert_close(grad, torch.tensor([[-0.25, -0.25, 0, 0, 0, 0]], dtype=torch.float64))
+
+
+def test_llds_observation_tokens_never_penalised():
+    # observation tokens 1-2 have log-ratio -8 (pi_theta says they are unlikely), but mask 0: they
+    # neither open the gate (the generated tokens' sum is -0.1 + 0.0 = -0.1, the response did fall)
+    # nor get a penalty; only token 0 (d = -0.1) is penalised: 0.1 / 2 generated tokens = 0.05
+    logp = [[-1.1, -9.0, -9.0, -1.0]]
+    old = [[-1.0, -1.0, -1.0, -1.0]]
+    for gate in ("response", "action"):
+        loss, stats, grad = _llds(logp, old, [1.0], [[1, 0, 0, 1]], gate=gate)
+        assert loss == pytest.approx(0.05)
+        assert grad[0, 1] == 0 and grad[0, 2] == 0
+    # mask 0 everywhere with a large negative ratio: zero loss, zero gradient
+    loss, stats, grad = _llds([[-9.0, -9.0]], [[-1.0, -1.0]], [1.0], [[0, 0]])
+    assert loss == 0.0 and torch.equal(grad, torch.zeros(1, 2, dtype=torch.float64))
+    assert stats["actor/llds_gated_response_frac"] == 0.0
+
+
+def test_llds_negative_advantage_responses_excluded():
+    # row 0: A = -1 (outside the preserving set), its likelihood fell by 0.5 -> not penalised
+    # row 1: A = 0 (in the set: non-negative), fell by 0.3 on token 0 -> 0.3
+    # token-mean over 4 generated tokens: 0.3 / 4 = 0.075; 1 of 2 responses gated
+    logp = [[-1.5, -1.0], [-1.3, -1.0]]
+    old = [[-1.0, -1.0], [-1.0, -1.0]]
+    loss, stats, _ = _llds(logp, old, [-1.0, 0.0], [[1, 1], [1, 1]])
+    assert loss == pytest.approx(0.075)
+    assert stats["actor/llds_gated_response_frac"] == pytest.approx(0.5)
+    # token-level advantages (N, L) give the same: row 0 has a negative advantage on a generated token
+    loss2, _, _ = _llds(logp, old, [[-1.0, -1.0], [0.0, 0.0]], [[1, 1], [1, 1]])
+    assert loss2 == pytest.approx(loss)
+
+
+def test_llds_on_policy_is_zero_and_bad_gate_names_the_key():
+    x = torch.tensor([[-1.0, -2.0]])
+    loss, _ = A.llds_loss(x, x.clone(), torch.tensor([1.0]), torch.ones(1, 2))
+    assert loss.item() == 0.0
+    with pytest.raises(ValueError, match=r"\['response', 'action'\] \(algorithm.llds_gate\)"):
+        A.llds_loss(x, x, torch.tensor([1.0]), torch.ones(1, 2), gate="turn")
+
+
+def test_action_ids_number_runs_between_observations():
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0, 1, 1], [0, 1, 1, 1, 0, 0, 0, 0]])
+    assert A.action_ids(mask).tolist() == [[1, 1, 0, 0, 2, 0, 3, 3], [0, 1, 1, 1, 0, 0, 0, 0]]
+
+
+def test_likelihood_diagnostics():
+    # row 0 correct, 2 tokens: new [-1, -2] (sum -3), old [-1, -1] (sum -2); A = +1, fell (-1 < 0)
+    # row 1 incorrect, 1 token (2nd masked): new -4, old -5; A = -1 (not preserved)
+    # row 2 incorrect, 2 tokens: new [-1, -1], old [-1, -1]; A = 0, preserved, did not fall (sum 0)
+    new = torch.tensor([[-1.0, -2.0], [-4.0, -50.0], [-1.0, -1.0]])
+    old = torch.tensor([[-1.0, -1.0], [-5.0, -60.0], [-1.0, -1.0]])
+    mask = torch.tensor([[1, 1], [1, 0], [1, 1]])
+    sums = A.likelihood_sums(new, old, mask, torch.tensor([True, False, False]), torch.tensor([1.0, -1.0, 0.0]))
+    m = A.likelihood_metrics(sums)
+    assert m["likelihood/correct_logp_new"] == pytest.approx(-3 / 2)
+    assert m["likelihood/correct_logp_old"] == pytest.approx(-2 / 2)
+    # incorrect: new (-4 - 1 - 1) / 3 tokens = -2, old (-5 - 1 - 1) / 3 = -7/3
+    assert m["likelihood/incorrect_logp_new"] == pytest.approx(-2.0)
+    assert m["likelihood/incorrect_logp_old"] == pytest.approx(-7 / 3)
+    # preserving set = rows 0 and 2; row 0 fell -> 1/2
+    assert m["likelihood/preserved_fell_frac"] == pytest.approx(0.5)
+    # no correct response: its keys are left out, not logged as 0; other names for the two policies
+    sums = A.likelihood_sums(new, old, mask, torch.tensor([False, False, False]), torch.tensor([1.0, -1.0, 0.0]))
+    m = A.likelihood_metrics(sums, new="old", old="rollout")
+    assert "likelihood/correct_logp_old" not in m and "likelihood/incorrect_logp_rollout" in m
+    assert m["likelihood/preserved_fell_frac_old_vs_rollout"] == pytest.approx(0.5)
