@@ -43,6 +43,10 @@ from types import SimpleNamespace
 from omegaconf import DictConfig, OmegaConf
 
 CARD_FILE = "recipe_card.txt"
+# Set by the rehearsal's own test only (verl_ext/rehearsal.py): verl_ext.main then starts a run whose
+# schedule the card refuses, so the test can show the rehearsal catching at run time what the card
+# catches before it.
+SKIP_SCHEDULE_CHECK_ENV = "SEARCH_R1_SKIP_SCHEDULE_CHECK"
 WRAP = 110  # column of the card's prose lines
 # The config whose deliberate differences DECLARED lists.
 SHIPPED = "grpo_verl"
