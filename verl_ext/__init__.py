@@ -5,6 +5,7 @@ What gets registered, and where verl looks it up:
 
     agent loop `search_r1`        verl_ext.agent_loop  -> verl.experimental.agent_loop.agent_loop
     advantage `search_r1_grpo`    verl_ext.algos       -> verl.trainer.ppo.core_algos
+    policy loss `search_r1_llds`  verl_ext.algos       -> verl.trainer.ppo.core_algos
     trainer mode `search_r1`      verl_ext.trainer     -> verl.trainer.ppo.v1.trainer_base
     reward function               verl_ext.reward      (by path: pkg://verl_ext.reward, not a registry)
 
