@@ -6,6 +6,13 @@ loop, workers and weight sync are untouched; this subclass only adds, per step a
 - search statistics from the agent loop (`extra_fields["search_r1"]`, verl_ext/agent_loop.py), under
   the embedded CPU trainer's names: `env/turns_mean`, `env/searches_mean`, `env/valid_action_ratio`,
   `env/finish_ratio`, `env/search_failures`, `response/truncated_ratio`, `prompt/cut_ratio`, ...;
+- likelihood diagnostics (arXiv 2512.04220; `likelihood_diagnostics`): the mean per-token log-likelihood
+  of correct (EM > 0) and incorrect responses under the actor before this step's update (pi_old,
+  `likelihood/*_logp_old`) and under the sampler (`likelihood/*_logp_rollout`, when the rollout
+  returns log-probs), and the share of non-negative-advantage responses the sampler rated likelier
+  than the actor (`likelihood/preserved_fell_frac_old_vs_rollout`). The actor's log-probs after the
+  update exist only inside verl's update; the policy loss `search_r1_llds` reports what it sees there
+  (`likelihood/preserved_fell_frac`, pi_theta at each micro-batch's update against pi_old);
 - `sync/unsynced_log_ppl_abs_diff`: verl's `rollout_corr/log_ppl_abs_diff` computed against the
   reference policy's log-probs instead of the rollout's (`unsynced_rollout_metrics`);
 - validation EM / F1 per `data_source` as `val/<source>/em`, `val/<source>/f1` and pooled `val/em`,
@@ -21,9 +28,12 @@ import logging
 from collections import defaultdict
 
 import numpy as np
+import torch
 import transfer_queue as tq
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+from search_r1.algos import likelihood_metrics, likelihood_sums
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +108,27 @@ def unsynced_rollout_metrics(old_log_probs, ref_log_probs, response_mask) -> dic
     m = compute_offpolicy_metrics(old_log_prob=old_log_probs, rollout_log_prob=ref_log_probs,
                                   response_mask=response_mask)
     return {"sync/unsynced_log_ppl_abs_diff": float(m["log_ppl_abs_diff"])}
+
+
+def likelihood_diagnostics(ems: list[float], response_mask: torch.Tensor, old_log_probs: torch.Tensor,
+                           advantages: torch.Tensor, rollout_log_probs: torch.Tensor | None = None) -> dict[str, float]:
+    """The likelihood diagnostics verl's metric time can compute (search_r1.algos.likelihood_sums):
+
+        likelihood/{correct,incorrect}_logp_old       mean per-token log pi_old over correct (EM > 0) /
+                                                      incorrect responses (the actor before the update)
+        likelihood/{correct,incorrect}_logp_rollout   the same under the sampler's log-probs
+        likelihood/preserved_fell_frac_old_vs_rollout share of responses with A >= 0 whose summed
+                                                      log pi_old - log pi_rollout is negative
+
+    Without `rollout_log_probs` only the `_old` means. Shapes: ems (N,), the tensors (N, L).
+    """
+    correct = torch.tensor([float(e) > 0 for e in ems], dtype=torch.bool)
+    sampler = old_log_probs if rollout_log_probs is None else rollout_log_probs
+    out = likelihood_metrics(likelihood_sums(old_log_probs, sampler, response_mask, correct, advantages),
+                             new="old", old="rollout")
+    if rollout_log_probs is None:
+        out = {k: v for k, v in out.items() if "rollout" not in k}
+    return out
 
 
 def qa_metrics(data_sources, extra: dict[str, list]) -> dict[str, float]:
@@ -175,12 +206,19 @@ class SearchR1Trainer(PPOTrainerSync):
             return
         data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
         # pop, as verl's _validate does: indexing a non-tensor stack gives a LinkedList (no .tolist()).
-        stats = [ef.get(MODE_NAME) for ef in data.pop("extra_fields").tolist() if isinstance(ef, dict)]
-        stats = [s for s in stats if s]
+        extra = [ef if isinstance(ef, dict) else {} for ef in data.pop("extra_fields").tolist()]
+        stats = [s for s in (ef.get(MODE_NAME) for ef in extra) if s]
+        ems = [(ef.get("reward_extra_info") or {}).get("em") for ef in extra]  # verl_ext.reward's em
         metrics.update(search_metrics(stats))
         outage = search_outage(stats, global_steps, self.config.search_r1.retriever.urls)
         if outage:
             raise SearchOutage(outage)
+        if ems and all(e is not None for e in ems):
+            with_rollout = bool(self.config.actor_rollout_ref.rollout.get("calculate_log_probs", False))
+            fields = ["response_mask", "old_log_probs", "advantages"] + (["rollout_log_probs"] if with_rollout else [])
+            t = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields).to_padded_tensor()
+            metrics.update(likelihood_diagnostics(ems, t["response_mask"], t["old_log_probs"], t["advantages"],
+                                                  t["rollout_log_probs"] if with_rollout else None))
         if self.use_reference_policy:
             fields = ["response_mask", "old_log_probs", "ref_log_prob"]
             logp = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields).to_padded_tensor()

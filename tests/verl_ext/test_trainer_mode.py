@@ -3,11 +3,12 @@ hand-computed values. (The whole fit() runs in part 2's end-to-end test, tests/v
 from __future__ import annotations
 
 import pytest
+import torch
 from verl.trainer.ppo.v1 import get_trainer_cls
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from verl_ext.trainer import SearchR1Trainer, format_qa_table, qa_metrics, search_metrics
+from verl_ext.trainer import SearchR1Trainer, format_qa_table, likelihood_diagnostics, qa_metrics, search_metrics
 
 from tests.verl_ext.helpers import verl_config
 
@@ -64,3 +65,20 @@ def test_qa_metrics_and_table():
     assert lines[4].split()[:4] == ["50", "nq", "1", "0.000"] and lines[-1].split()[1] == "all"
     # a sample whose reward manager produced no em (None) is skipped, not counted as 0
     assert qa_metrics(["nq", "nq"], {"em": [None, 1.0]})["val/nq/em"] == 1.0
+
+
+def test_likelihood_diagnostics_hand_computed():
+    # row 0 correct (EM 1), 2 tokens: old [-1, -3] (mean -2), rollout [-1, -1]; A = 1 -> preserved,
+    #   sum old - rollout = -2 < 0: the sampler rated it likelier than the actor ("fell")
+    # row 1 incorrect (EM 0), 1 token (2nd is padding): old -4, rollout -5; A = -1 (not preserved)
+    mask = torch.tensor([[1, 1], [1, 0]])
+    old = torch.tensor([[-1.0, -3.0], [-4.0, 0.0]])
+    rollout = torch.tensor([[-1.0, -1.0], [-5.0, 0.0]])
+    adv = torch.tensor([[1.0, 1.0], [-1.0, 0.0]])
+    m = likelihood_diagnostics([1.0, 0.0], mask, old, adv, rollout)
+    assert m == pytest.approx({"likelihood/correct_logp_old": -2.0, "likelihood/correct_logp_rollout": -1.0,
+                               "likelihood/incorrect_logp_old": -4.0, "likelihood/incorrect_logp_rollout": -5.0,
+                               "likelihood/preserved_fell_frac_old_vs_rollout": 1.0})
+    # no rollout log-probs: only what pi_old gives
+    assert likelihood_diagnostics([1.0, 0.0], mask, old, adv) == pytest.approx(
+        {"likelihood/correct_logp_old": -2.0, "likelihood/incorrect_logp_old": -4.0})
