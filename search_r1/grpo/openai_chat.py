@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 from search_r1.protocol import (decode_ids, encode_texts, invalid_action_observation, search_observation,
                                 stop_strings)
 from search_r1.rollout.backends import (INSECURE_HTTP_OPT_IN, GenerationError, GenOutput, OpenAIGenerator,
-                                        SamplingParams, _check_prompts, endpoint_url, post_json)
+                                        SamplingParams, _check_prompts, drop_empty, endpoint_url, post_json)
 from search_r1.transport import check_key_transport
 
 OPENAI_APIS = ("auto", "completions", "chat")  # SearchR1Config.openai_api
@@ -71,6 +71,17 @@ def missing_stop(text: str, stops: tuple[str, ...]) -> str:
         if at > best_at and stop not in text[at:]:
             best, best_at = stop, at
     return best
+
+
+def with_reasoning(message: dict) -> str:
+    """A reply message's text with the reasoning a server's reasoning parser split off put back in
+    front as `<think>reasoning</think>`: `reasoning_content` (DeepSeek's API, vLLM before 0.10) or
+    `reasoning` (vLLM >= 0.10)."""
+    content = message.get("content") or ""
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if not isinstance(reasoning, str) or not reasoning.strip():
+        return content
+    return f"<think>{reasoning}</think>" + (f"\n\n{content.lstrip()}" if content.strip() else "")
 
 
 @dataclass(frozen=True)
@@ -126,14 +137,14 @@ class OpenAIChatGenerator:
     def __init__(self, base_url: str, model: str, tokenizer, api_key: str | None = None,
                  timeout: float = 120.0, retries: int = 3, backoff: float = 0.5, max_concurrency: int = 8,
                  protocol: str = "tags", extra_body: dict | None = None, max_registered_prompts: int = 10_000,
-                 allow_insecure_http: bool = False):
+                 allow_insecure_http: bool = False, insecure_http_opt_in: str = INSECURE_HTTP_OPT_IN):
         import httpx
 
         if retries < 0:
             raise ValueError(f"OpenAIChatGenerator retries must be >= 0, got {retries}")
         self.url = chat_url(base_url)
-        if api_key:
-            check_key_transport(self.url, opt_in=INSECURE_HTTP_OPT_IN, allow_insecure_http=allow_insecure_http)
+        if api_key:  # insecure_http_opt_in: how the caller's users set allow_insecure_http (for the error)
+            check_key_transport(self.url, opt_in=insecure_http_opt_in, allow_insecure_http=allow_insecure_http)
         self.model, self.tokenizer = model, tokenizer
         self.api_key = api_key or ""
         # Where the key comes from, for the 401 message (callers reading another variable set it).
@@ -227,24 +238,27 @@ class OpenAIChatGenerator:
         if seed is not None:
             body["seed"] = seed
         body.update(self.extra_body)
-        return body
+        return drop_empty(body)
 
     def chat(self, messages: list[dict], params: SamplingParams, continue_final: bool = False) -> ChatCompletion:
         """One assistant reply to `messages` (`{"role", "content"}` dicts), for agents that keep a
         conversation rather than token ids. Stops at `params.stop` only (none: the model's end of
         turn). `continue_final=True` continues the last message, an assistant one, instead of
         starting a new turn (vLLM's `continue_final_message`; APIs without it reject or ignore it).
-        No tokenizer needed; same retries and key handling as `generate`.
+        No tokenizer needed; same retries and key handling as `generate`. Without stop strings the
+        request has no `stop` field (OpenAI rejects an empty list). Reasoning a server's reasoning
+        parser split off (`reasoning_content`, vLLM >= 0.10 `reasoning`: QwQ, Qwen3 thinking) comes
+        back in front of the content as `<think>...</think>`, so the caller sees the whole turn.
         """
         if continue_final and (not messages or messages[-1].get("role") != "assistant"):
             raise ValueError("continue_final=True needs the conversation to end with an assistant message")
         body = self.payload(messages, params, params.seed)
-        body["stop"] = list(params.stop)
-        body["logprobs"] = False
+        body.pop("stop", None)
+        body.update(drop_empty({"stop": list(params.stop)}), logprobs=False)
         if continue_final:
             body.update(continue_final_message=True, add_generation_prompt=False)
         choice, usage = self._post(body)
-        text = choice["message"].get("content") or ""
+        text = with_reasoning(choice["message"])
         finish = "stop" if choice.get("finish_reason") == "stop" else "length"
         stop = ""
         if finish == "stop" and params.stop:

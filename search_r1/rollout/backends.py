@@ -10,6 +10,7 @@ import inspect
 import json
 import logging
 import random
+import re
 import threading
 import time
 import warnings
@@ -75,6 +76,23 @@ LOGPROBS_MODES = ("raw", "processed")
 
 class GenerationError(RuntimeError):
     """A generation backend failed after its retries (server down, 5xx, malformed response)."""
+
+
+class ContextLengthError(GenerationError):
+    """The server refused the request because prompt + max tokens exceed the model's context window
+    (HTTP 400 from vLLM "This model's maximum context length is ...", OpenAI `context_length_exceeded`,
+    llama.cpp "exceeds the available context size"). Retrying the same request cannot succeed."""
+
+
+# How servers word a context overflow in their 400 body (vLLM, OpenAI, llama.cpp / SGLang).
+_CONTEXT_OVERFLOW_RE = re.compile(r"maximum context length|context_length_exceeded|context size|context window|"
+                                  r"cannot be greater than max_model_len", re.IGNORECASE)
+
+
+def drop_empty(body: dict) -> dict:
+    """`body` without the fields that are None or an empty list / dict: a request states only what it
+    sets (OpenAI's API rejects `"stop": []` with 400; leaving a field out means the server's default)."""
+    return {k: v for k, v in body.items() if v is not None and not (isinstance(v, (list, dict)) and not v)}
 
 
 def filtered_logits(logits, temperature: float, top_p: float = 1.0, top_k: int = -1):
@@ -559,7 +577,7 @@ class OpenAIGenerator:
         if seed is not None:
             body["seed"] = seed
         body.update(self.extra_body)
-        return body
+        return drop_empty(body)
 
     def _complete(self, prompts: list[list[int]], params: SamplingParams, seed: int | None) -> list[GenOutput]:
         response = self._post(self.payload(prompts, params, seed))
@@ -639,7 +657,8 @@ def post_json(client, url: str, body: dict, *, retries: int, backoff: float, rej
     sleeping `backoff_delay(attempt, backoff)` (the retriever client's pacing) or, with
     `honor_retry_after`, the 429's Retry-After seconds when the server sends them; then
     GenerationError ending with `hint`. Any other status fails at once with `rejected(error)`, where
-    error is "HTTP <status>: <body>". `secret` (an API key) is blanked out of every error text.
+    error is "HTTP <status>: <body>", except a 400 that says the context window is exceeded:
+    ContextLengthError. `secret` (an API key) is blanked out of every error text.
     """
     import httpx
 
@@ -662,6 +681,9 @@ def post_json(client, url: str, body: dict, *, retries: int, backoff: float, rej
             except ValueError:
                 raise GenerationError(f"{url} returned non-JSON: {scrub(resp.text[:300])!r}") from None
         last_error = scrub(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        if resp.status_code == 400 and _CONTEXT_OVERFLOW_RE.search(resp.text):
+            raise ContextLengthError(f"{url} refused the request: the conversation does not fit the model's "
+                                     f"context window ({last_error})")
         if resp.status_code not in _RETRYABLE_STATUS:
             raise GenerationError(rejected(last_error))
         if honor_retry_after and resp.status_code == 429:
