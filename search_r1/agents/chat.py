@@ -42,7 +42,12 @@ class ChatReply:
 
 
 class ContextOverflow(ValueError):
-    """The conversation no longer fits the model's context window."""
+    """The conversation no longer fits the model's context window (a local model's limit, or a
+    server's 400 saying so: `backends.ContextLengthError`)."""
+
+
+# How the agents' users opt in to a key over plain http (named in the refusal; search_r1.transport).
+AGENT_INSECURE_HTTP_OPT_IN = ("--allow-insecure-http (or --no-api-key when the server needs no key)")
 
 
 @runtime_checkable
@@ -72,13 +77,18 @@ class ServerChatModel:
 
     def chat(self, messages: list[dict], *, stop: Sequence[str] = (), max_tokens: int = 512,
              temperature: float = 0.0, seed: int | None = None) -> ChatReply:
-        from search_r1.rollout.backends import SamplingParams
+        """One reply; ContextOverflow when the server says the conversation does not fit, any other
+        failure after the generator's retries (401/403, other 4xx, server down) a GenerationError."""
+        from search_r1.rollout.backends import ContextLengthError, SamplingParams
 
         _check_messages(messages)
         clean = [{"role": m["role"], "content": m["content"]} for m in messages]
         continue_final = clean[-1]["role"] == "assistant"
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=tuple(stop), seed=seed)
-        reply = self.generator.chat(clean, params, continue_final=continue_final)
+        try:
+            reply = self.generator.chat(clean, params, continue_final=continue_final)
+        except ContextLengthError as exc:
+            raise ContextOverflow(str(exc)) from exc
         finish = "stop" if reply.stop else "end" if reply.finish_reason == "stop" else "length"
         # Servers without `usage` (rare): about 4 characters per token, so token budgets still bind.
         completion = reply.completion_tokens if reply.completion_tokens is not None else max(1, len(reply.text) // 4)
@@ -146,22 +156,27 @@ class LocalChatModel:
         pass
 
 
-def load_chat_model(model: str, base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY",
-                    dtype: str = "float32", timeout: float = 300.0, max_concurrency: int = 8):
+def load_chat_model(model: str, base_url: str | None = None, api_key_env: str | None = "OPENAI_API_KEY",
+                    dtype: str = "float32", timeout: float = 300.0, max_concurrency: int = 8, retries: int = 3,
+                    allow_insecure_http: bool = False):
     """A ChatModel: the server at `base_url` serving `model`, or the local model `model` (alias, HF
     directory, checkpoint or training run directory) in `dtype` (float32 | bfloat16).
 
     The API key is read from the environment variable `api_key_env` (never from the command line,
-    never logged); it is refused over plain http to anything but loopback.
+    never logged); None sends no key (a server that needs none, e.g. `vllm serve` without
+    --api-key). A key is refused over plain http to anything but loopback unless
+    `allow_insecure_http`. `timeout`: seconds per request; `retries`: extra attempts after a
+    connection error, timeout, 408/429 or 5xx.
     """
     if base_url:
         from search_r1.grpo.openai_chat import OpenAIChatGenerator
-        # OpenAIChatGenerator refuses to send a key over plain http to anything but loopback
-        # (search_r1.transport).
-        key = os.environ.get(api_key_env) or None
-        generator = OpenAIChatGenerator(base_url, model, tokenizer=None, api_key=key, timeout=timeout,
-                                        max_concurrency=max_concurrency)
-        generator.key_source = f"the {api_key_env} environment variable"
+
+        key = (os.environ.get(api_key_env) or None) if api_key_env else None
+        generator = OpenAIChatGenerator(base_url, model, tokenizer=None, api_key=key, timeout=timeout, retries=retries,
+                                        max_concurrency=max_concurrency, allow_insecure_http=allow_insecure_http,
+                                        insecure_http_opt_in=AGENT_INSECURE_HTTP_OPT_IN)
+        generator.key_source = (f"the {api_key_env} environment variable" if api_key_env else
+                                "OPENAI_API_KEY (or the variable --api-key-env names, without --no-api-key)")
         return ServerChatModel(generator)
     import torch
 

@@ -3,6 +3,12 @@ modes: one question (`--question`, with a live trace of actions on the console) 
 (`--data FILE.parquet --out DIR`, scored like `python -m search_r1.evaluation`: EM / sub-EM / F1 per
 data_source, predictions.jsonl, results.json, resume; several questions in flight with
 `--concurrency`, a progress bar).
+
+A question whose run fails (the server's 401/403 or another 4xx, the server down after the
+retries, a conversation the context window cannot hold even after the agent's recovery) is recorded
+in predictions.jsonl with its `error` and no scores; the batch goes on. The summary counts the errors
+and scores the other questions only. Running the batch again (resume) retries the errored questions
+(the report agent from its saved step) and keeps the rest.
 """
 from __future__ import annotations
 
@@ -60,6 +66,16 @@ def build_parser(agent: str, epilog: str | None = None) -> argparse.ArgumentPars
                    help="environment variable holding the server's API key (keys never go on the command line "
                         "and are never logged; plain http is refused for a key except to loopback) "
                         "(default: OPENAI_API_KEY)")
+    g.add_argument("--no-api-key", action="store_true",
+                   help="send no API key, whatever the environment holds (a server that needs none, e.g. a "
+                        "remote `vllm serve` without --api-key, over plain http)")
+    g.add_argument("--allow-insecure-http", action="store_true",
+                   help="send the API key over plain http to a non-loopback --base-url (only on a network you trust)")
+    g.add_argument("--request-timeout", type=float, default=300.0,
+                   help="seconds per model request before it counts as failed (default: 300)")
+    g.add_argument("--retries", type=int, default=3,
+                   help="extra attempts of a model request after a connection error, timeout, 408/429 or 5xx, with "
+                        "backoff; then the question ends with an error (default: 3)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="local model dtype (default: float32; bfloat16 only pays on CPUs with native bf16)")
     g.add_argument("--threads", type=int, help="torch threads for a local model (default: torch's choice)")
@@ -77,6 +93,8 @@ def build_parser(agent: str, epilog: str | None = None) -> argparse.ArgumentPars
                    help="search the web instead (key from GOOGLE_API_KEY + GOOGLE_CSE_ID / SERPER_API_KEY / "
                         "TAVILY_API_KEY)")
     g.add_argument("--topk", type=int, default=3, help="results per search (default: 3)")
+    g.add_argument("--web-rate-limit", type=float, default=5.0,
+                   help="web search requests per second over all questions in flight (default: 5)")
     g.add_argument("--web-access", choices=["auto", "on", "off"], default="auto",
                    help="let access open web pages by URL (auto: on with --web-search, off with a retriever) "
                         "(default: auto)")
@@ -153,7 +171,7 @@ def open_tools(args, stack: contextlib.ExitStack, log_dir: Path):
     if args.web_search:
         from search_r1.search import WebSearchEngine
 
-        engine = WebSearchEngine(provider=args.web_search, topk=args.topk)
+        engine = WebSearchEngine(provider=args.web_search, topk=args.topk, rate_limit=args.web_rate_limit)
         stack.callback(engine.close)
     else:
         index = resolve_index_arg(args.retriever_index)
@@ -176,7 +194,8 @@ def budgets_of(args) -> Budgets:
 def settings(agent: str, args) -> dict:
     """The flags that change what an answer is (a resumed batch must match them)."""
     skip = {"question", "out", "limit", "limit_per_source", "concurrency", "overwrite", "name", "no_progress",
-            "quiet", "threads", "api_key_env", "retriever_url", "retriever_index", "page_timeout"}
+            "quiet", "threads", "api_key_env", "retriever_url", "retriever_index", "page_timeout", "no_api_key",
+            "allow_insecure_http", "request_timeout", "retries", "web_rate_limit"}
     return {"agent": agent, **{k: v for k, v in sorted(vars(args).items()) if k not in skip}}
 
 
@@ -202,6 +221,9 @@ def run_cli(agent: str, make_agent, argv=None, epilog: str | None = None) -> int
             raise ValueError("--out DIR is needed: report.md and trace.json go there")
         if args.concurrency < 1:
             raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
+        if args.retries < 0 or args.request_timeout <= 0 or args.web_rate_limit <= 0:
+            raise ValueError(f"--retries must be >= 0 (got {args.retries}), --request-timeout and --web-rate-limit "
+                             f"> 0 (got {args.request_timeout:g}, {args.web_rate_limit:g})")
         if args.threads:
             import torch
 
@@ -216,8 +238,9 @@ def _load(make_agent, args, stack, log_dir: Path):
     from search_r1.agents.chat import load_chat_model
 
     search, access = open_tools(args, stack, log_dir)
-    model = load_chat_model(args.model, args.base_url, args.api_key_env, args.dtype,
-                            max_concurrency=max(8, args.concurrency))
+    model = load_chat_model(args.model, args.base_url, None if args.no_api_key else args.api_key_env, args.dtype,
+                            timeout=args.request_timeout, max_concurrency=max(8, args.concurrency),
+                            retries=args.retries, allow_insecure_http=args.allow_insecure_http)
     stack.callback(model.close)
     return make_agent(args, model, search, access, budgets_of(args))
 
@@ -241,13 +264,16 @@ def _single(agent: str, make_agent, args) -> int:
             print(f"Report: {result['report_path']}  (trace: {out / 'trace.json'})")
             for hit in result["budget"]["hits"]:
                 print(f"Budget: {hit['budget']} {hit['used']}/{hit['limit']} in {hit['phase']}: {hit['then']}")
-            return 0
-        result = runner.run(args.question, console=console)
-        print("\n" + format_answer(result))
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            write_atomic(out / "result.json", json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-            print(f"Trace: {out / 'result.json'}")
+        else:
+            result = runner.run(args.question, console=console)
+            print("\n" + format_answer(result))
+            if out is not None:
+                out.mkdir(parents=True, exist_ok=True)
+                write_atomic(out / "result.json", json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+                print(f"Trace: {out / 'result.json'}")
+    if result["error"]:
+        print(f"error: {result['error']}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -258,6 +284,8 @@ def _slug(qid: str) -> str:
 def format_answer(result: dict) -> str:
     """The answer with its sources, as printed for a single question."""
     lines = [f"Answer: {result['answer'] if result['answer'] is not None else '(none)'}"]
+    if result.get("overflow"):
+        lines.append(f"Context window full, answer forced: {result['overflow']}")
     if result["answer"] is None and result["final_text"].strip():
         lines.append(f"Final turn: {result['final_text'].strip()[:500]}")
     if result["sources"]:
@@ -279,15 +307,31 @@ def prediction_record(example, result: dict) -> dict:
     scores = score_response(result["response"], list(example.golden_answers))
     scores.pop("reward")
     scores["format_valid"] = float(result["format_valid"])
+    if result["error"]:  # not scored: the run did not finish (see the module docstring)
+        scores = dict.fromkeys(scores)
     rec.update(scores)
     rec.update({"answered": float(result["answer"] is not None), "turns": result["turns"],
                 "searches": result["searches"], "search_queries": result["search_queries"],
                 "budget_hits": result["budget"]["hits"], "seconds": result["budget"]["seconds"],
                 "tokens": result["budget"]["tokens"], "error": result["error"], "response": result["response"]})
-    for key in ("final_text", "sources", "cited", "tool_calls", "forced_answer", "report_path", "outline"):
+    for key in ("final_text", "sources", "cited", "tool_calls", "forced_answer", "overflow", "report_path",
+                "outline"):
         if key in result:
             rec[key] = result[key]
     return rec
+
+
+def failed_result(question: str, error: str) -> dict:
+    """The result of a question whose run raised before the agent could record anything."""
+    return {"question": question, "answer": None, "final_text": "", "response": "", "format_valid": False,
+            "turns": 0, "searches": 0, "search_queries": [], "error": error,
+            "budget": {"hits": [], "seconds": 0.0, "tokens": 0}}
+
+
+def error_summary(records: list[dict]) -> dict:
+    """{"n", "ids", "first"} of the records that ended in an error (not scored)."""
+    failed = [r for r in records if r.get("error")]
+    return {"n": len(failed), "ids": [r["id"] for r in failed], "first": failed[0]["error"] if failed else None}
 
 
 def _batch(agent: str, make_agent, args) -> int:
@@ -296,27 +340,36 @@ def _batch(agent: str, make_agent, args) -> int:
     from search_r1.scoring import aggregate, markdown_table
     from search_r1.evaluation.runner import (PREDICTIONS, RESULTS, load_questions, prepare_out_dir, select_examples,
                                              write_atomic)
+    from search_r1.rollout.backends import GenerationError
+    from search_r1.search.base import SearchError
 
     out = Path(args.out)
     cfg = BatchConfig(str(out), args.overwrite, settings(agent, args))
     done = prepare_out_dir(cfg)
     examples = select_examples(load_questions(args.data), args.limit, args.limit_per_source, args.seed)
-    pending = [ex for ex in examples if ex.id not in done]
+    # Errored questions are asked again; the rest of an earlier run is kept.
+    pending = [ex for ex in examples if ex.id not in done or done[ex.id].get("error")]
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         runner = _load(make_agent, args, stack, out)
         if done:
+            retried = sum(1 for ex in pending if ex.id in done)
             print(f"resuming: {len(examples) - len(pending)} of {len(examples)} questions already in "
-                  f"{out / PREDICTIONS}", file=sys.stderr)
+                  f"{out / PREDICTIONS}" + (f"; retrying {retried} that ended in an error" if retried else ""),
+                  file=sys.stderr)
         t_load = time.perf_counter() - t0
         lock = threading.Lock()
         bar = tqdm(total=len(pending), desc=agent, unit="q", disable=args.no_progress, dynamic_ncols=True)
         em: list[float] = []
+        errors = 0
 
         def solve(ex):
-            if agent == "weaver":
-                return ex, runner.run(ex.question, out / "runs" / _slug(ex.id))
-            return ex, runner.run(ex.question)
+            try:
+                if agent == "weaver":
+                    return ex, runner.run(ex.question, out / "runs" / _slug(ex.id))
+                return ex, runner.run(ex.question)
+            except (GenerationError, SearchError) as exc:  # the agents record these; this is the last net
+                return ex, failed_result(ex.question, f"{type(exc).__name__}: {exc}")
 
         with open(out / PREDICTIONS, "a", encoding="utf-8") as f, \
                 ThreadPoolExecutor(max_workers=args.concurrency) as pool:
@@ -329,9 +382,12 @@ def _batch(agent: str, make_agent, args) -> int:
                         f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                         f.flush()
                         done[rec["id"]] = rec
-                        em.append(rec["em"])
+                        if rec["error"]:
+                            errors += 1
+                        else:
+                            em.append(rec["em"])
                         bar.update(1)
-                        bar.set_postfix(em=f"{sum(em) / len(em):.3f}")
+                        bar.set_postfix(em=f"{sum(em) / len(em):.3f}" if em else "-", errors=errors)
             except BaseException:
                 for future in futures:
                     future.cancel()
@@ -339,13 +395,21 @@ def _batch(agent: str, make_agent, args) -> int:
         bar.close()
     seconds = time.perf_counter() - t0
     selected = [done[ex.id] for ex in examples if ex.id in done]
+    failed = error_summary(selected)
     results = {"name": args.name or out.resolve().name, "model": args.model, "mode": f"agent:{agent}",
-               "n": len(selected), "metrics": aggregate(selected), "config": settings(agent, args),
+               "n": len(selected) - failed["n"], "errors": failed,
+               "metrics": aggregate([r for r in selected if not r.get("error")]), "config": settings(agent, args),
                "timing": {"seconds": round(seconds, 2), "load_seconds": round(t_load, 2), "evaluated_now": len(pending),
                           "seconds_per_question": round((seconds - t_load) / max(1, len(pending)), 3)}}
     write_atomic(out / RESULTS, json.dumps(results, indent=2) + "\n")
-    print(f"\n{results['name']} ({agent} agent, {results['n']} questions, model {args.model})")
+    print(f"\n{results['name']} ({agent} agent, {results['n']} questions scored, model {args.model})")
     print(markdown_table(results["metrics"], keys=("em", "subem", "f1", "format_valid", "answered", "turns",
                                                    "searches")))
+    if failed["n"]:
+        print(f"\nerrors: {failed['n']} of {len(selected)} questions ended in an error and are not scored "
+              f"(their `error` is in predictions.jsonl; running again retries them). First: {failed['first'][:300]}")
     print(f"\npredictions: {out / PREDICTIONS}\nresults:     {out / RESULTS}")
+    if selected and failed["n"] == len(selected):
+        print(f"error: every question ended in an error; first: {failed['first'][:500]}", file=sys.stderr)
+        return 1
     return 0

@@ -32,6 +32,9 @@ TOOLCALL_ACCESS = (
 TOOLCALL_USER = "Question: {question}"
 TOOLCALL_FORCE = ("You have used your search budget. Do not call tools any more: give the final answer "
                   "now inside <answer> and </answer>, and name the documents you used.")
+TOOLCALL_FORCE_CONTEXT = ("The conversation has filled your context window. Do not call tools any more: give the "
+                          "final answer now inside <answer> and </answer>, and name the documents you used.")
+TOOLCALL_DROPPED = "[this tool response was removed: the conversation no longer fit the model's context window]"
 TOOLCALL_CORRECTION = (
     "Error: {problem}. Call a tool as "
     '<tool_call>{{"action": "web_search", "action_input": {{"query": "..."}}}}</tool_call>{access}, '

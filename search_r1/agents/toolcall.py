@@ -15,6 +15,12 @@ answer. When the search budget is used up (or the step, token or time budget), t
 so and gets one last turn to answer; each such hit is recorded. The final answer cites the
 documents named in it (`Doc 2`, `[2]`), else lists every document the model was shown.
 
+Failures end one question, never a batch: when the conversation outgrows the model's context window
+(a local model's limit, a server's 400) the model is told so and asked for the final answer, with the
+newest tool responses replaced by a note until the request fits (`overflow` in the result); when
+even the question alone does not fit, or the server fails (401/403, another 4xx, down after its
+retries), the result carries the `error` and no answer.
+
 Transcript: "messages" (default for servers) sends each tool response as a user message; "inline"
 (default for local models) keeps one assistant message that the model continues, with the tool
 responses inside it, exactly as the training rollout of the `tool_call` protocol lays them out.
@@ -27,11 +33,12 @@ from dataclasses import asdict, dataclass, field
 
 from search_r1.agents.budget import Budgets, BudgetMeter, Trace
 from search_r1.agents.chat import ChatModel, ContextOverflow
-from search_r1.agents.prompts import (TOOLCALL_CORRECTION, TOOLCALL_CORRECTION_ACCESS, TOOLCALL_FORCE,
-                                      toolcall_messages)
+from search_r1.agents.prompts import (TOOLCALL_CORRECTION, TOOLCALL_CORRECTION_ACCESS, TOOLCALL_DROPPED,
+                                      TOOLCALL_FORCE, TOOLCALL_FORCE_CONTEXT, toolcall_messages)
 from search_r1.agents.tools import AccessTool, SearchTool, Sources, ToolError
 from search_r1.protocol import SEARCH_TOOL_NAMES, TOOL_CALL_RE, decode_tool_call, search_observation
 from search_r1.rewards import extract_answer
+from search_r1.rollout.backends import GenerationError
 from search_r1.search.format import render_passages, split_title
 
 ACCESS_TOOL_NAMES = ("access", "web_access", "visit")
@@ -86,6 +93,18 @@ class _Conversation:
     def add(self, role: str, text: str) -> None:
         self.pieces.append((role, text))
 
+    def compacted(self, k: int) -> "_Conversation":
+        """A copy whose `k` newest tool responses are replaced by TOOLCALL_DROPPED (to fit the context)."""
+        copy = _Conversation(self.head, self.inline)
+        env_at = [i for i, (role, _) in enumerate(self.pieces) if role == "env"]
+        dropped = set(env_at[len(env_at) - k:]) if k > 0 else set()
+        note = search_observation(TOOLCALL_DROPPED, "tool_call")
+        copy.pieces = [(role, note if i in dropped else text) for i, (role, text) in enumerate(self.pieces)]
+        return copy
+
+    def tool_responses(self) -> int:
+        return sum(1 for role, _ in self.pieces if role == "env")
+
     def response(self) -> str:
         return "".join(text for _, text in self.pieces)
 
@@ -110,45 +129,52 @@ class ToolCallAgent:
         self.model, self.search, self.access, self.config = model, search, access, config
 
     def run(self, question: str, console=None) -> dict:
-        """Answer `question`; returns the result record (answer, sources, tool calls, budget, events)."""
+        """Answer `question`; returns the result record (answer, sources, tool calls, budget, events;
+        `overflow` and `error` as the module docstring says)."""
         cfg = self.config
         trace = Trace(console=console)
         meter = BudgetMeter(cfg.budgets, trace)
         run = _Run(self, trace, meter, Sources())
         conv = _Conversation(toolcall_messages(question, cfg.budgets.max_tool_calls, cfg.date,
                                                access=self.access is not None), cfg.transcript == "inline")
-        final, forced, error = None, False, None
+        final, forced, error, overflow = None, False, None, None
         try:
-            while final is None:
-                spent = meter.exhausted()
-                if spent:
-                    meter.hit(spent, PHASE, "asking for the final answer")
-                    forced = True
-                    break
-                reply = run.call(conv, ("</tool_call>",))
-                call = first_tool_call(reply.text)
-                if call is None:  # no tool call: this turn is the answer (or the model ended its turn)
-                    if reply.finish_reason == "length" and meter.spent("tokens"):
-                        meter.hit("tokens", PHASE, "the turn was cut short; it is the final answer")
-                    final = reply.text
-                    break
-                if meter.spent("tool_calls"):  # a call beyond the budget is not run
-                    trace.add(PHASE, "refused", "tool call over the search budget, not run")
-                    meter.hit("tool_calls", PHASE, "asking for the final answer")
-                    forced = True
-                    break
-                conv.add("env", search_observation(run.execute(call.group(1)), "tool_call"))
-                if meter.spent("tool_calls"):
-                    meter.hit("tool_calls", PHASE, "asking for the final answer")
-                    forced = True
-                    break
+            try:
+                final, forced = self._loop(run, conv)
+            except ContextOverflow as exc:
+                overflow = str(exc)
+                trace.add(PHASE, "overflow", f"the context window is full ({exc}): asking for the final answer")
+                forced = True
             if final is None:
-                conv.add("env", search_observation(TOOLCALL_FORCE, "tool_call"))
-                final = run.call(conv, (), last=True).text
-        except ContextOverflow as exc:
-            error = f"context overflow: {exc}"
+                notice = TOOLCALL_FORCE_CONTEXT if overflow else TOOLCALL_FORCE
+                conv, final, error = run.force_answer(conv, notice)
+        except GenerationError as exc:
+            error = f"server error: {exc}"
             trace.add(PHASE, "error", error)
-        return run.result(question, conv, final, forced, error)
+        return run.result(question, conv, final, forced, error) | {"overflow": overflow}
+
+    def _loop(self, run: "_Run", conv: _Conversation) -> tuple[str | None, bool]:
+        """Turns until an answer (final text, False) or a spent budget (None, True: force the answer)."""
+        trace, meter = run.trace, run.meter
+        while True:
+            spent = meter.exhausted()
+            if spent:
+                meter.hit(spent, PHASE, "asking for the final answer")
+                return None, True
+            reply = run.call(conv, ("</tool_call>",))
+            call = first_tool_call(reply.text)
+            if call is None:  # no tool call: this turn is the answer (or the model ended its turn)
+                if reply.finish_reason == "length" and meter.spent("tokens"):
+                    meter.hit("tokens", PHASE, "the turn was cut short; it is the final answer")
+                return reply.text, False
+            if meter.spent("tool_calls"):  # a call beyond the budget is not run
+                trace.add(PHASE, "refused", "tool call over the search budget, not run")
+                meter.hit("tool_calls", PHASE, "asking for the final answer")
+                return None, True
+            conv.add("env", search_observation(run.execute(call.group(1)), "tool_call"))
+            if meter.spent("tool_calls"):
+                meter.hit("tool_calls", PHASE, "asking for the final answer")
+                return None, True
 
 
 class _Run:
@@ -172,6 +198,20 @@ class _Run:
                        f"{shown[:160]}{'...' if len(shown) > 160 else ''}", tokens=reply.completion_tokens,
                        finish=reply.finish_reason)
         return reply
+
+    def force_answer(self, conv: _Conversation, notice: str) -> tuple[_Conversation, str | None, str | None]:
+        """(conversation, final text, error) of the last turn, told `notice`. While the request does not
+        fit the context window, the newest tool responses are replaced by a note, one more each try;
+        when nothing is left to drop, the error says so and there is no final text."""
+        for k in range(conv.tool_responses() + 1):
+            trial = conv.compacted(k)
+            trial.add("env", search_observation(notice, "tool_call"))
+            try:
+                return trial, self.call(trial, (), last=True).text, None
+            except ContextOverflow as exc:
+                self.trace.add(PHASE, "overflow", f"the final turn does not fit with {k} tool responses removed: {exc}")
+                error = f"context overflow: {exc}"
+        return conv, None, error
 
     def execute(self, payload: str) -> str:
         """Run one tool call; the text of its tool response (results, or the corrective message)."""

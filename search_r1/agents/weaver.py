@@ -27,6 +27,14 @@ State (memory bank, counters, outline, sections, report, the planner's messages,
 is saved to `trace.json` beside `report.md` after every step (atomically); running again with the
 same --out resumes from it. An unparseable action gets a corrective message, an unknown id is
 reported back to the model; neither crashes the run.
+
+When a call outgrows the model's context window (a local model's limit, a server's 400), the phase
+ends with what the memory bank holds (`overflows` in the trace): the planner terminates (the last
+outline is written from the summaries once more, or the current outline is kept), the writer skips
+the section, the answer is asked again from the report alone; a page too long for the summarizer is
+an error the planner reads. Only when the answer cannot fit even so does the run end with an `error`.
+A server failure (401/403, another 4xx, down after its retries) stops the run with an `error` in the
+failed phase; the saved state keeps that phase, so running again retries the failed step.
 """
 from __future__ import annotations
 
@@ -43,6 +51,7 @@ from search_r1.agents.memory import MemoryBank, cited_ids, ids_in, outline_secti
 from search_r1.agents.tools import AccessTool, SearchTool, Sources, ToolError
 from search_r1.evaluation.runner import write_atomic
 from search_r1.rewards import extract_answer
+from search_r1.rollout.backends import GenerationError
 from search_r1.search.format import split_title
 
 TRACE_FILE, REPORT_FILE = "trace.json", "report.md"
@@ -111,13 +120,18 @@ class WeaverAgent:
         out.mkdir(parents=True, exist_ok=True)
         state = self._load(out, question)
         run = _WeaverRun(self, state, out, console)
+        if state["phase"] != "done":
+            state["error"] = None  # a run stopped by a server error retries the failed step
         try:
             while state["phase"] != "done":
-                {"planner": run.planner, "writer": run.writer, "answer": run.answer}[state["phase"]]()
-        except ContextOverflow as exc:
-            state["error"] = f"context overflow in the {state['phase']}: {exc}"
+                phase = state["phase"]
+                try:
+                    {"planner": run.planner, "writer": run.writer, "answer": run.answer}[phase]()
+                except ContextOverflow as exc:
+                    run.overflow(phase, exc)
+        except GenerationError as exc:
+            state["error"] = f"server error in the {state['phase']}: {exc}"
             run.trace.add(state["phase"], "error", state["error"])
-            state["phase"] = "done"
         run.save()
         return run.result()
 
@@ -133,7 +147,8 @@ class WeaverAgent:
                 "planner": {"messages": [], "terminated": False}, **MemoryBank().state(), "sources": [],
                 "outline": "", "outlines": [], "writer": {"sections": None, "index": 0, "messages": [],
                                                           "terminated": False},
-                "report": "", "answer": None, "final_text": "", "invalid_actions": 0, "budget": {}, "events": []}
+                "report": "", "answer": None, "final_text": "", "invalid_actions": 0, "budget": {}, "events": [],
+                "overflows": [], "answer_compact": False}
 
 
 class _WeaverRun:
@@ -141,6 +156,8 @@ class _WeaverRun:
 
     def __init__(self, agent: WeaverAgent, state: dict, out: Path, console):
         self.agent, self.state, self.out, self.cfg = agent, state, out, agent.config
+        state.setdefault("overflows", [])  # traces saved before overflows were recorded
+        state.setdefault("answer_compact", False)
         self.trace = Trace(state["events"], console, t_offset=state["budget"].get("seconds", 0.0))
         self.meter = BudgetMeter(self.cfg.budgets, self.trace, state["budget"])
         self.bank = MemoryBank(state["memory_bank"], state["summary_id_counter"], state["summary_id_flag"])
@@ -160,6 +177,32 @@ class _WeaverRun:
                                       seed=self.cfg.seed)
         self.meter.add_call(reply.completion_tokens, step=step)
         return reply
+
+    def overflow(self, phase: str, exc: ContextOverflow) -> None:
+        """End `phase` (or its current step) with what the memory holds; see the module docstring."""
+        s = self.state
+        s["overflows"].append({"phase": phase, "message": str(exc)})
+        if phase == "planner" and not s["planner"]["terminated"]:
+            s["planner"]["terminated"] = True
+            then = "the planner ends with what the memory bank holds"
+        elif phase == "planner":  # the last outline did not fit either
+            s["phase"] = "writer"
+            then = "the writer writes from the current outline"
+        elif phase == "writer":
+            w = s["writer"]
+            w["sections"][w["index"]]["status"] = "not written (context overflow)"
+            w["index"] += 1
+            w["messages"] = []
+            then = "skipping the section"
+        elif not s["answer_compact"]:
+            s["answer_compact"] = True
+            then = "answering from the report alone"
+        else:
+            s["error"] = f"context overflow in the answer: {exc}"
+            s["phase"] = "done"
+            then = "no answer"
+        self.trace.add(phase, "overflow", f"the context window is full ({exc}): {then}")
+        self.save()
 
     def _invalid(self, phase: str, problem: str) -> None:
         self.state["invalid_actions"] += 1
@@ -232,7 +275,13 @@ class _WeaverRun:
         page = f"{doc.title}\n{doc.text[: self.cfg.page_chars]}".strip()
         messages = [{"role": "system", "content": P.SUMMARIZER_SYSTEM},
                     {"role": "user", "content": P.SUMMARIZER_USER.format(goal=goal, page=page)}]
-        parts = parse_summary(self.call("summarizer", messages, ("</summary>",), self.cfg.long_tokens).text)
+        try:
+            parts = parse_summary(self.call("summarizer", messages, ("</summary>",), self.cfg.long_tokens).text)
+        except ContextOverflow as exc:
+            self.trace.add("planner", "access", f"{target}: the page does not fit the summarizer's context ({exc})",
+                           target=target)
+            return (f"Error: {doc.title} is too long for the model's context window; read another document "
+                    "or write the outline.")
         entry = self.bank.add({"kind": doc.kind, "id": doc.id, "title": doc.title}, goal, parts["rational"],
                               parts["evidence"], parts["summary"])
         self.trace.add("planner", "summary", f"#{entry.id} {entry.label()} for goal {goal!r}: "
@@ -360,9 +409,12 @@ class _WeaverRun:
         s = self.state
         history = "\n".join(f"{m['role']}: {m['content']}" for m in s["planner"]["messages"][2:])
         notes = history[-self.cfg.notes_chars:] if history else "(none)"
+        report, outline = s["report"], s["outline"] or "(none)"
+        if s["answer_compact"]:  # the full prompt overflowed the context: the report's head alone
+            notes, outline, report = "(omitted)", "(omitted)", report[: self.cfg.notes_chars]
         messages = [{"role": "system", "content": P.ANSWER_SYSTEM},
-                    {"role": "user", "content": P.ANSWER_USER.format(question=s["question"], report=s["report"],
-                                                                       outline=s["outline"] or "(none)", notes=notes)}]
+                    {"role": "user", "content": P.ANSWER_USER.format(question=s["question"], report=report,
+                                                                       outline=outline, notes=notes)}]
         reply = self.call("answer", messages, ("</answer>",), self.cfg.long_tokens)
         s["final_text"] = reply.text
         s["answer"] = extract_answer(reply.text)
@@ -381,6 +433,7 @@ class _WeaverRun:
             "turns": self.meter.steps, "invalid_actions": s["invalid_actions"],
             "format_valid": s["answer"] is not None and s["invalid_actions"] == 0 and not s["error"],
             "budget": self.meter.state(), "error": s["error"], "report_path": str(self.out / REPORT_FILE),
+            "overflow": "; ".join(f"{o['phase']}: {o['message']}" for o in s["overflows"]) or None,
         }
 
 

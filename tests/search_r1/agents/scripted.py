@@ -4,17 +4,20 @@
 is recognised from the system message the agent sent) and records every call (deep copies of the
 messages, stop strings, max_tokens) in `.calls`. Replies end at the first stop string, included
 (as both real implementations return them), finish "stop"; otherwise finish "end" (the model ended
-its turn). A reply may be a callable `(messages) -> str` (to answer from what the agent sent), or
-`CRASH` (raise, as a server dying mid-run would). completion_tokens counts whitespace words.
+its turn). A reply may be a callable `(messages) -> str` (to answer from what the agent sent),
+`CRASH` (raise, as a bug would), `OVERFLOW` (ContextOverflow, as a full context window) or
+`SERVER_DOWN` (GenerationError, as a server down after its retries). completion_tokens counts
+whitespace words.
 """
 from __future__ import annotations
 
 import copy
 
 from search_r1.agents import prompts as P
-from search_r1.agents.chat import ChatReply
+from search_r1.agents.chat import ChatReply, ContextOverflow
+from search_r1.rollout.backends import GenerationError
 
-CRASH = object()
+CRASH, OVERFLOW, SERVER_DOWN = object(), object(), object()
 ROLES = (("toolcall", P.TOOLCALL_SYSTEM.split("{")[0]), ("planner", P.PLANNER_SYSTEM.split("{")[0]),
          ("summarizer", P.SUMMARIZER_SYSTEM[:60]), ("outline", P.OUTLINE_SYSTEM[:60]),
          ("writer", P.WRITER_SYSTEM[:60]), ("answer", P.ANSWER_SYSTEM[:60]))
@@ -56,6 +59,10 @@ class ScriptedChat:
             raise AssertionError(f"the script for role {role!r} ran out (call {len(self.calls)})")
         if reply is CRASH:
             raise ScriptCrash(f"scripted crash in the {role} role")
+        if reply is OVERFLOW:
+            raise ContextOverflow(f"scripted: the {role} conversation does not fit the context window")
+        if reply is SERVER_DOWN:
+            raise GenerationError(f"scripted: the server is down ({role})")
         text = reply(messages) if callable(reply) else reply
         cuts = [(text.find(s), s) for s in stop if s in text]
         if cuts:

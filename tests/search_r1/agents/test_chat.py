@@ -115,3 +115,45 @@ def test_generate_still_needs_a_tokenizer(chat_server):
         gen.generate([[1, 2]], SamplingParams())
     with pytest.raises(ValueError, match="continue_final=True"):
         gen.chat(MESSAGES, SamplingParams(), continue_final=True)
+
+
+def test_server_requests_omit_empty_fields(chat_server):
+    """The forced final turn has no stop strings: the body has no `stop` (OpenAI rejects `"stop": []`)."""
+    srv = chat_server(lambda msgs: "<answer> x </answer>")
+    model = ServerChatModel(OpenAIChatGenerator(srv.base_url, "served-model", tokenizer=None))
+    reply = model.chat(MESSAGES, stop=(), seed=None)
+    assert reply.text == "<answer> x </answer>" and reply.finish_reason == "end"
+    assert "stop" not in srv.requests[0] and "seed" not in srv.requests[0]
+    gen = OpenAIChatGenerator(srv.base_url, "served-model", tokenizer=None)
+    assert "stop" in gen.payload(MESSAGES, SamplingParams(stop=("</a>",)), seed=None)
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_server_reasoning_split_off_by_a_reasoning_parser_comes_back(chat_server, field):
+    srv = chat_server(lambda msgs: '<think>I should search.</think>\n\n<tool_call>{"a": 1}</tool_call> more',
+                      reasoning_field=field)
+    model = ServerChatModel(OpenAIChatGenerator(srv.base_url, "served-model", tokenizer=None))
+    reply = model.chat(MESSAGES, stop=["</tool_call>"])
+    assert reply.text == '<think>I should search.</think>\n\n<tool_call>{"a": 1}</tool_call>'
+    assert reply.stop == "</tool_call>"
+
+
+def test_server_context_overflow_is_a_context_overflow(chat_server):
+    srv = chat_server(lambda msgs: "ok", max_model_len=20)
+    model = ServerChatModel(OpenAIChatGenerator(srv.base_url, "served-model", tokenizer=None, retries=3))
+    assert model.chat(MESSAGES, max_tokens=5).text == "ok"
+    with pytest.raises(ContextOverflow, match="maximum context length is 20"):
+        model.chat(MESSAGES, max_tokens=30)
+    assert len(srv.auth) == 2  # refused at once, never retried
+
+
+def test_agents_opt_in_to_plain_http_or_send_no_key(chat_server, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    with pytest.raises(ValueError, match=r"unencrypted.*--allow-insecure-http.*--no-api-key") as err:
+        load_chat_model("m", "http://10.0.0.8:8000/v1")
+    assert "SearchR1Config" not in str(err.value) and "search_r1.evaluation" not in str(err.value)
+    assert load_chat_model("m", "http://10.0.0.8:8000/v1", allow_insecure_http=True).generator.api_key == "sk-secret"
+    assert load_chat_model("m", "http://10.0.0.8:8000/v1", api_key_env=None).generator.api_key == ""
+    srv = chat_server(lambda msgs: "ok")  # a server that needs no key gets none
+    assert load_chat_model("served-model", srv.base_url, api_key_env=None).chat(MESSAGES).text == "ok"
+    assert srv.auth == [None]

@@ -11,6 +11,7 @@ import pytest
 
 from search_r1.agents import toolcall, weaver
 from search_r1.agents.cli import build_parser
+from tests.search_r1.agents.fake_chat_server import Fail, context_overflow
 from tests.search_r1.agents.scripted import role_of
 
 
@@ -62,6 +63,77 @@ def test_toolcall_batch_scores_resumes_and_runs_concurrently(chat_server, retrie
     assert "resuming: 6 of 6" in capsys.readouterr().err
     assert toolcall.main(argv + ["--topk", "2"]) == 2
     assert "other settings" in capsys.readouterr().err
+
+
+def test_toolcall_batch_survives_server_errors_per_question_and_resume_retries_them(
+        chat_server, retriever_server, synth_world, golds, tmp_path, capsys):
+    """One question is refused (403), one overflows the context window however it is asked, one meets a
+    server that is down (503 after the retries), one overflows after its search and is answered once
+    the tool response is dropped. The batch goes on, counts the errors and scores the rest; a second
+    run retries the errored questions only."""
+    from search_r1.evaluation.runner import load_questions, select_examples
+
+    picked = [ex.question for ex in select_examples(load_questions([str(synth_world / "test.parquet")]), 6, None, 0)]
+    forbidden, too_long, down, long_search = picked[:4]
+    healthy = {"now": False}
+    plain = toolcall_responder(golds)
+
+    def respond(messages):
+        q = question_of(messages)
+        if not healthy["now"] and q in (forbidden, too_long, down):
+            return {forbidden: Fail(403, "Forbidden: this key may not use the model"),
+                    too_long: context_overflow(2048, 3000, 512), down: Fail(503, "Service Unavailable")}[q]
+        if q == long_search and any("Doc 1(Title:" in m["content"] for m in messages):  # its search results
+            return context_overflow(2048, 2100, 512)
+        return plain(messages)
+
+    srv = chat_server(respond)
+    out = tmp_path / "run"
+    argv = ["--model", "served-model", "--base-url", srv.base_url, "--retriever-url", retriever_server.base_url,
+            "--data", str(synth_world / "test.parquet"), "--limit", "6", "--out", str(out), "--concurrency", "2",
+            "--no-progress", "--retries", "1", "--request-timeout", "30"]
+    assert toolcall.main(argv) == 0
+    printed = capsys.readouterr().out
+    preds = {p["question"]: p for p in map(json.loads, (out / "predictions.jsonl").read_text().splitlines())}
+    assert len(preds) == 6
+    assert "403" in preds[forbidden]["error"] and "Forbidden" in preds[forbidden]["error"]
+    assert preds[too_long]["error"].startswith("context overflow") and "maximum context length" in preds[too_long]["error"]
+    assert "failed after 2 attempts" in preds[down]["error"] and "503" in preds[down]["error"]
+    assert all(preds[q]["em"] is None and preds[q]["answered"] == 0.0 for q in (forbidden, too_long, down))
+    assert preds[long_search]["error"] is None and preds[long_search]["em"] == 1.0 and preds[long_search]["overflow"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["errors"]["n"] == 3 and results["n"] == 3 and results["metrics"]["overall"]["n"] == 3
+    assert results["metrics"]["overall"]["em"] == 1.0  # errored questions are not scored
+    assert "| **overall** | 3 | 1.000 |" in printed and "errors: 3 of 6 questions ended in an error" in printed
+    # resume: the errored questions are asked again (the server works now), the others are kept
+    healthy["now"] = True
+    asked = len(srv.requests)
+    assert toolcall.main(argv) == 0
+    assert "retrying 3 that ended in an error" in capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text())
+    assert results["errors"]["n"] == 0 and results["n"] == 6 and results["metrics"]["overall"]["n"] == 6
+    assert len(srv.requests) - asked == 3 * 2  # two turns for each retried question, none for the rest
+
+
+def test_every_question_failing_is_a_failed_batch(chat_server, retriever_server, synth_world, tmp_path, capsys):
+    srv = chat_server(lambda messages: "never", api_key="sk-right")
+    argv = ["--model", "served-model", "--base-url", srv.base_url, "--retriever-url", retriever_server.base_url,
+            "--data", str(synth_world / "test.parquet"), "--limit", "2", "--out", str(tmp_path), "--no-progress",
+            "--no-api-key"]
+    assert toolcall.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "every question ended in an error" in err and "rejected the API key" in err
+    assert srv.auth == [None, None]  # --no-api-key: no Authorization header at all
+
+
+def test_agents_cli_plain_http_needs_the_agents_own_opt_in(retriever_server, monkeypatch, capsys):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    argv = ["--model", "m", "--base-url", "http://10.0.0.8:8000/v1", "--retriever-url", retriever_server.url,
+            "--question", "q?"]
+    assert toolcall.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--allow-insecure-http" in err and "--no-api-key" in err and "SearchR1Config" not in err
+    assert "sk-secret" not in err
 
 
 def weaver_responder(golds):
@@ -137,3 +209,5 @@ def test_help_explains_every_flag(agent, capsys):
         parser.parse_args(["--help"])
     text = capsys.readouterr().out
     assert "--concurrency" in text and "--allow-private-urls" in text and "--max-tool-calls" in text
+    for flag in ("--allow-insecure-http", "--no-api-key", "--request-timeout", "--retries", "--web-rate-limit"):
+        assert flag in text

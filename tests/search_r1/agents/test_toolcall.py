@@ -8,11 +8,12 @@ import json
 
 import pytest
 
+from search_r1.agents import prompts as P
 from search_r1.agents.budget import Budgets
 from search_r1.agents.tools import AccessTool, SearchTool
 from search_r1.agents.toolcall import ToolCallAgent, ToolCallConfig, first_tool_call
 from search_r1.search import render_passages
-from tests.search_r1.agents.scripted import ScriptedChat
+from tests.search_r1.agents.scripted import OVERFLOW, SERVER_DOWN, ScriptedChat
 
 
 def search_call(query: str, form: str = "action") -> str:
@@ -176,3 +177,37 @@ def test_wall_time_budget_forces_the_answer_and_is_in_the_trace(client, question
     assert len(model.calls) == 2 and result["search_queries"] == [q]
     budget_events = [e for e in result["events"] if e["kind"] == "budget"]
     assert budget_events and budget_events[0]["budget"] == "seconds"
+
+
+def test_a_context_overflow_forces_the_answer_without_the_newest_tool_responses(client, question):
+    q, gold = question["question"], question["golden_answers"][0]
+
+    def answer(messages):  # fits once the tool response is dropped
+        if "Doc 1(Title:" in messages[-2]["content"]:
+            raise_overflow()
+        return f"<answer> {gold} </answer>"
+
+    model = ScriptedChat({"toolcall": [search_call(q), OVERFLOW, OVERFLOW, answer]})
+    result = ToolCallAgent(model, SearchTool(client)).run(q)
+    last = model.calls[-1]["messages"]
+    assert last[-2]["content"] == f"<tool_response>{P.TOOLCALL_DROPPED}</tool_response>"
+    assert "filled your context window" in last[-1]["content"] and model.calls[-1]["stop"] == ()
+    assert result["answer"] == gold and result["forced_answer"] and result["error"] is None
+    assert "does not fit" in result["overflow"]
+    assert [e["kind"] for e in result["events"]].count("overflow") == 2
+
+
+def raise_overflow():
+    from search_r1.agents.chat import ContextOverflow
+
+    raise ContextOverflow("scripted: too long")
+
+
+def test_a_question_the_context_cannot_hold_and_a_server_error_are_recorded_errors(client, question):
+    q = question["question"]
+    overflowing = ToolCallAgent(ScriptedChat({"toolcall": [OVERFLOW, OVERFLOW]}), SearchTool(client)).run(q)
+    assert overflowing["answer"] is None and overflowing["error"].startswith("context overflow")
+    assert overflowing["format_valid"] is False
+    down = ToolCallAgent(ScriptedChat({"toolcall": [search_call(q), SERVER_DOWN]}), SearchTool(client)).run(q)
+    assert down["answer"] is None and down["error"].startswith("server error: scripted: the server is down")
+    assert down["searches"] == 1 and down["events"][-1]["kind"] == "error"

@@ -14,7 +14,7 @@ from search_r1.agents.memory import MemoryBank, cited_ids, ids_in, outline_secti
 from search_r1.agents.tools import AccessTool, SearchTool
 from search_r1.agents.weaver import WeaverAgent, WeaverConfig, parse_planner_action
 from search_r1.search.format import split_title
-from tests.search_r1.agents.scripted import CRASH, ScriptCrash, ScriptedChat
+from tests.search_r1.agents.scripted import CRASH, OVERFLOW, SERVER_DOWN, ScriptCrash, ScriptedChat
 
 OUTLINE = ("<outline>## The answer <cite><id>1</id></cite>\n- what the record says <cite><id>2</id>, <id>9</id></cite>\n"
            "## Background <cite><id>2</id></cite>\n- context</outline>")
@@ -178,6 +178,56 @@ def test_tool_call_budget_refuses_further_searches(client, question, tmp_path):
     assert "budget of 1 searches and reads is used up" in model.of("planner")[2]["messages"][-1]["content"]
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert trace["budget"]["tool_calls"] == 1 and trace["budget"]["hits"][0]["budget"] == "tool_calls"
+
+
+def test_context_overflows_end_each_phase_with_what_the_memory_holds(client, question, tmp_path):
+    """The planner overflows after one summary: it ends, the outline is written from the memory bank; the
+    first section's writer overflows: the section is skipped; the answer overflows once: asked again
+    from the report alone. The run finishes with an answer and the overflows recorded, no error."""
+    q, gold, gold_id = question["question"], question["golden_answers"][0], question["gold_doc_ids"][0]
+    model = ScriptedChat({
+        "planner": [f"<search> {q} </search>", f"<access> {gold_id} <goal> g </goal> </access>", OVERFLOW],
+        "summarizer": [f"<summary>S1 {gold}</summary>"],
+        "outline": ["<outline>## First <cite><id>1</id></cite>\n## Second <cite><id>1</id></cite></outline>"],
+        "writer": [OVERFLOW, "<write>Second text <cite><id>1</id></cite>.</write>"],
+        "answer": [OVERFLOW, f"<answer> {gold} </answer>"],
+    })
+    result = WeaverAgent(model, SearchTool(client), AccessTool(retriever=client)).run(q, tmp_path)
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert [o["phase"] for o in trace["overflows"]] == ["planner", "writer", "answer"]
+    assert trace["planner"]["terminated"] and trace["outlines"][0]["took_in"] == [1]
+    assert [s["status"] for s in trace["writer"]["sections"]] == ["not written (context overflow)", "written"]
+    assert "Second text [1]." in (tmp_path / "report.md").read_text()
+    compact = model.of("answer")[1]["messages"][1]["content"]
+    assert "(omitted)" in compact and "Second text" in compact
+    assert result["answer"] == gold and result["error"] is None and "planner:" in result["overflow"]
+    kinds = [e["kind"] for e in trace["events"]]
+    assert kinds.count("overflow") == 3 and trace["phase"] == "done"
+
+
+def test_an_answer_that_cannot_fit_is_an_error_and_a_resume_does_not_redo_it(client, question, tmp_path):
+    q = question["question"]
+    model = ScriptedChat({"planner": [OVERFLOW], "answer": [OVERFLOW, OVERFLOW]})
+    agent_args = (SearchTool(client), AccessTool(retriever=client))
+    result = WeaverAgent(model, *agent_args).run(q, tmp_path)
+    assert result["answer"] is None and result["error"].startswith("context overflow in the answer")
+    assert json.loads((tmp_path / "trace.json").read_text())["phase"] == "done"
+    again = ScriptedChat({})  # any model call would fail: the finished run is not redone
+    assert WeaverAgent(again, *agent_args).run(q, tmp_path)["error"] == result["error"] and again.calls == []
+
+
+def test_a_server_error_stops_the_run_and_a_resume_retries_the_failed_step(client, question, tmp_path):
+    q, gold = question["question"], question["golden_answers"][0]
+    first = ScriptedChat({"planner": [f"<search> {q} </search>", SERVER_DOWN]})
+    agent_args = (SearchTool(client), AccessTool(retriever=client))
+    result = WeaverAgent(first, *agent_args).run(q, tmp_path)
+    assert result["error"].startswith("server error in the planner") and result["answer"] is None
+    saved = json.loads((tmp_path / "trace.json").read_text())
+    assert saved["phase"] == "planner" and saved["budget"]["steps"] == 1
+    second = ScriptedChat({"planner": ["<terminate></terminate>"], "answer": [f"<answer> {gold} </answer>"]})
+    result = WeaverAgent(second, *agent_args).run(q, tmp_path)
+    assert result["error"] is None and result["answer"] == gold
+    assert second.of("planner")[0]["messages"] == saved["planner"]["messages"]  # resumed at the failed step
 
 
 # -- the pieces ---------------------------------------------------------------------------------------
