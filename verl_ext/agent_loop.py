@@ -157,8 +157,11 @@ class SearchR1AgentLoop(AgentLoopBase):
     def __init__(self, *args, **kwargs):
         kwargs.pop("tools", None)  # verl hands every loop its tool list; searches are ours, not tools
         super().__init__(*args, **kwargs)
-        self.settings = SearchR1Settings.from_config(self.config)
-        self.gen_config = self.settings.generation_config(self.rollout_config)
+        # verl builds one loop object per trajectory from the worker's config objects: parse them once
+        # (the cache keeps the configs alive, so their ids cannot be reused by other objects)
+        _, _, self.settings, self.gen_config = _cached(
+            ("settings", id(self.config), id(self.rollout_config)),
+            lambda: (self.config, self.rollout_config, *_settings_and_limits(self.config, self.rollout_config)))
         self.limits = self.gen_config.limits
         self.stops = list(stop_strings(self.settings.protocol))
         self.encoder = _cached(("encoder", id(self.tokenizer), self.settings.protocol),
@@ -234,6 +237,11 @@ class SearchR1AgentLoop(AgentLoopBase):
         obs = self.encoder.encode([kind], [passages], [episode.observation_budget()])[0]
         counts["shortened_observations"] += self.encoder.last_shortened
         episode.apply_observation(obs)
+
+
+def _settings_and_limits(config, rollout_config) -> tuple[SearchR1Settings, GenerationConfig]:
+    settings = SearchR1Settings.from_config(config)
+    return settings, settings.generation_config(rollout_config)
 
 
 def episode_stats(episode: Episode, counts: dict) -> dict[str, int | str]:
