@@ -294,6 +294,14 @@ METRICS_CPU = (
     ("actor/grad_nonfinite", "0 or 1", "1 when a gradient norm was NaN or inf (that optimizer step is not taken)."),
     ("actor/update_tokens", "tokens", "Generated tokens per optimizer update (global mini-batch)."),
     ("actor/anchor_loss", "nats per token", "Token-mean NLL of the supervised anchor demonstrations (only with `algorithm.anchor_coef` > 0)."),
+    ("actor/llds_loss", "nats per token", "LLDS term (`algorithm.llds_coef` > 0; arXiv 2512.04220): token-mean of relu(log pi_old - log pi) over the gated tokens, before the coefficient."),
+    ("actor/llds_gated_token_frac", "share in [0, 1]", "Generated tokens the LLDS gate penalised (log-ratio < 0, in a unit whose likelihood fell, of a response with advantage >= 0)."),
+    ("actor/llds_gated_response_frac", "share in [0, 1]", "Responses with at least one LLDS-gated token."),
+    ("likelihood/correct_logp_new", "nats per token", "Mean log pi_theta of the generated tokens of correct responses (EM > 0), pi_theta at each mini-batch's update of the last epoch; equals `_old` with one update per batch."),
+    ("likelihood/correct_logp_old", "nats per token", "Mean log pi_old of the generated tokens of correct responses (the policy that sampled them): across steps, the paper's likelihood curve."),
+    ("likelihood/incorrect_logp_new", "nats per token", "As `likelihood/correct_logp_new`, over incorrect responses (EM = 0)."),
+    ("likelihood/incorrect_logp_old", "nats per token", "As `likelihood/correct_logp_old`, over incorrect responses."),
+    ("likelihood/preserved_fell_frac", "share in [0, 1]", "Responses with advantage >= 0 whose summed log pi_theta - log pi_old is negative (0 with one update per batch)."),
     ("actor/lr", "learning rate", "Learning rate of the step's updates (warmup included)."),
     ("actor/skipped_updates", "share in [0, 1]", "Mini-batch updates skipped because every advantage was 0 (`algorithm.skip_zero_advantage`); 1 = the weights did not move this step."),
     ("training/rollout_log_probs_diff_mean", "nats per token", "Mean of abs(log p_rollout - log p_old) over generated tokens (first epoch): 0 = the sampler is exactly the trained policy."),
@@ -339,6 +347,7 @@ METRICS_CPU = (
     ("alarm/reward_fall", "0 or 1", "1 while the sampled EM of the last window is below half that of the first window."),
     ("alarm/validation", "0 or 1", "1 when a validation EM is more than two binomial standard errors below the first validation's (or `trainer.val_baseline`'s)."),
     ("alarm/validation/<source>", "0 or 1", "The same for one data source."),
+    ("alarm/rollbacks", "rollbacks", "Rollbacks so far (`trainer.on_alarm=rollback` only): each restored the last checkpoint before an alarm's window and scaled lr and KL coefficient."),
 )
 # Keys the code writes but never logs: the driver pops them (reason after the key).
 METRICS_CPU_NOT_LOGGED = {"perf/update_worker_s": "popped by the driver, logged as `timing/update_actor_worker`"}
@@ -356,6 +365,11 @@ METRICS_VERL = (
     ("response/overshoot_tokens", "tokens", "Sampled tokens past the first stop string, dropped (servers that ignore `stop`), summed over the step."),
     ("response/shortened_observations", "observations", "Observations cut to `search_r1.max_obs_length`, summed over the step."),
     ("prompt/cut_ratio", "share in [0, 1]", "Prompts longer than `rollout.prompt_length`, rolled out on their last `prompt_length` tokens."),
+    ("likelihood/correct_logp_old", "nats per token", "Mean log pi_old (the actor before the step's update) of the generated tokens of correct responses (EM > 0, `verl_ext.reward`'s `em`)."),
+    ("likelihood/incorrect_logp_old", "nats per token", "The same over incorrect responses."),
+    ("likelihood/correct_logp_rollout", "nats per token", "Mean log-prob of the same tokens under the sampler (`rollout.calculate_log_probs`)."),
+    ("likelihood/incorrect_logp_rollout", "nats per token", "The same over incorrect responses."),
+    ("likelihood/preserved_fell_frac_old_vs_rollout", "share in [0, 1]", "Responses with advantage >= 0 whose summed log pi_old - log pi_rollout is negative. The actor's log-probs after the update exist only inside verl's update: the policy loss `search_r1_llds` reports `likelihood/preserved_fell_frac` there."),
     ("sync/unsynced_log_ppl_abs_diff", "nats", "verl's `rollout_corr/log_ppl_abs_diff` computed with the reference policy's log-probs in place of the rollout's: what that metric would read had no weight sync reached the rollout (with a reference model only)."),
     ("val/em", "share in [0, 1]", "Validation exact match, all data sources pooled."),
     ("val/f1", "F1 in [0, 1]", "Validation token F1, pooled."),
@@ -381,6 +395,7 @@ VERL_OWN = (
     ("rollout_corr/log_ppl_abs_diff, rollout_corr/..., training/rollout_probs_diff_mean", "How far the rollout's log-probs are from the actor's (the weight-sync check beside `sync/unsynced_log_ppl_abs_diff`)."),
     ("val-core/<source>/<var>/mean@<n>, val-aux/<source>/<var>/...", "verl's validation metrics per data source; <var> is `reward` (the score) and each extra key our reward returns: `em`, `f1`, `subem` (`verl_ext/reward.py`)."),
     ("training/global_step, training/epoch", "Progress."),
+    ("actor/llds_loss, actor/llds_gated_token_frac, actor/llds_gated_response_frac, likelihood/preserved_fell_frac", "With `policy_loss.loss_mode=search_r1_llds` (`verl_ext/algos.py`): the LLDS term and its gate, and the share of non-negative-advantage responses whose likelihood fell at each micro-batch's update; averaged over micro-batches by verl."),
 )
 
 
@@ -474,6 +489,10 @@ def logged_metrics() -> dict[str, set[str]]:
     ray_trainer = _parse("search_r1/trainer/ray_trainer.py")
     cpu |= {f"timing/{n}" for n in _timing_names(ray_trainer)}
     cpu |= {f"alarm/{n}" for n in _alarm_names(_parse("search_r1/trainer/alarms.py"))}
+    # search_r1.algos.likelihood_metrics' keys, with the policy names each trainer passes it
+    # (workers.update_actor: new/old; verl_ext/trainer.py likelihood_diagnostics: old/rollout)
+    kinds = ("correct", "incorrect")
+    cpu |= {f"likelihood/{k}_logp_{p}" for k in kinds for p in ("new", "old")} | {"likelihood/preserved_fell_frac"}
     ev = _parse("search_r1/scoring.py")
     eval_metrics = next(ast.literal_eval(n.value) for n in ev.body
                         if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "METRICS")
@@ -495,6 +514,8 @@ def logged_metrics() -> dict[str, set[str]]:
         raise LookupError("verl_ext/trainer.py qa_metrics(): no `for m in (...)` metric tuple found; "
                           "update scripts/gen_reference.py logged_metrics to the new code")
     verl |= {f"val/{m}" for m in qa} | {f"val/<*>/{m}" for m in qa + ["n"]}
+    verl |= ({f"likelihood/{k}_logp_{p}" for k in kinds for p in ("old", "rollout")}
+             | {"likelihood/preserved_fell_frac_old_vs_rollout"})
 
     loop = _parse("verl_ext/agent_loop.py")
     timers = {_fstring_text(n.args[0]) for n in ast.walk(loop)

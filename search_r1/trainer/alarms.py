@@ -14,8 +14,11 @@ greedy validation EM ended at 0.16 against 0.58 before training). Each signal al
                  another with the overall EM inside its error bar (measured: single-hop dev EM
                  0.938 -> 0.531 while the overall drop, 0.156, stayed inside 0.166)
 
-An alarm prints once when it starts and again when it clears; it never stops the run (the next
-validation and the checkpoints are the user's to judge).
+An alarm prints once when it starts and again when it clears. By default (trainer.on_alarm=warn) it
+never stops the run (the next validation and the checkpoints are the user's to judge); with
+`stop` the fit loop saves a checkpoint and raises `AlarmStop` when an alarm starts, with `rollback` it
+restores the last checkpoint saved before the alarm's window and goes on with a lower learning rate
+and a higher KL coefficient (search_r1/trainer/ray_trainer.py, `RayGRPOTrainer._on_alarm`).
 
 The validation alarm needs a first validation to compare with. A resumed run replays its own
 metrics.jsonl (`replay`), so it still compares with the validation before training rather than with
@@ -32,6 +35,13 @@ from pathlib import Path
 from search_r1.trainer.metrics import read_metrics
 
 
+class AlarmStop(RuntimeError):
+    """An alarm stopped the run (trainer.on_alarm=stop, or rollback with no rollback left): the
+    message names the alarm, the step and the checkpoint saved; the CLI exits with `exit_code`."""
+
+    exit_code = 3
+
+
 @dataclass
 class RunAlarms:
     """Feed every logged metrics dict to `check`; it returns the messages to print now."""
@@ -41,8 +51,11 @@ class RunAlarms:
     _train: list[dict] = field(default_factory=list)
     _first_val: dict[str, tuple[float, float]] = field(default_factory=dict)  # metric prefix -> (EM, n)
     _active: set[str] = field(default_factory=set)
+    # the alarms that started in the last `check` (the fit loop acts on them: trainer.on_alarm)
+    fired: list[str] = field(default_factory=list)
 
     def check(self, metrics: dict) -> list[str]:
+        self.fired = []
         messages: list[str] = []
         if "reward/em" in metrics:
             self._train.append(metrics)
@@ -105,6 +118,7 @@ class RunAlarms:
         metrics[f"alarm/{name}"] = float(on)
         if on and name not in self._active:
             self._active.add(name)
+            self.fired.append(name)
             return [f"ALARM ({name}): {text}"]
         if not on and name in self._active:
             self._active.discard(name)

@@ -213,6 +213,16 @@ class CheckpointManager:
         found = self.checkpoints()
         return found[-1][1] if found else None
 
+    def discard_after(self, step: int) -> list[Path]:
+        """Remove the complete checkpoints of steps after `step` (a branch of training abandoned by a
+        rollback, so `latest()` finds the one training continues from). Returns their paths."""
+        newer = [path for s, path in self.checkpoints() if s > step]
+        for path in newer:
+            self._discard(path)
+        if newer:
+            self._write_pointer(f"global_step_{step}")
+        return newer
+
     # -- saving ----------------------------------------------------------------------------------
 
     def save(self, step: int, model, tokenizer=None, optimizer_state: dict | None = None,

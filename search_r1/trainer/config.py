@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from search_r1.algos import AGG_MODES as _ALGO_AGG_MODES
-from search_r1.algos import KL_ESTIMATORS, ROLLOUT_IS_LEVELS, STD_MODES
+from search_r1.algos import KL_ESTIMATORS, LLDS_GATES, ROLLOUT_IS_LEVELS, STD_MODES
 from search_r1.dtypes import DTYPE_CHOICES
 from search_r1.rewards import REWARD_FNS
 from search_r1.trainer.warmstart import BATCHINGS as WARMSTART_BATCHINGS
@@ -41,6 +41,7 @@ LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 
 ROLLOUT_BACKENDS = ("hf", "vllm")
+ON_ALARM = ("warn", "stop", "rollback")
 VAL_SAMPLERS = ("rollout", "hf")
 
 
@@ -256,6 +257,17 @@ class AlgorithmConfig:
     # mean, relative to its other policy tokens (warmstart.token_weights). 1 = a plain token mean; more
     # leans the anchor on whether a demonstration searches once or twice, which a token or two decide.
     anchor_plan_weight: float = 1.0
+    # LLDS (Lazy Likelihood-Displacement regularisation, arXiv 2512.04220): adds llds_coef * the
+    # token-mean of relu(log pi_old - log pi_theta) over the tokens whose log-ratio is negative, in
+    # units (llds_gate) whose likelihood fell, of responses with non-negative advantage
+    # (search_r1.algos.llds_penalty). It pushes back a fall of likelihood of good responses, which
+    # the paper finds precedes GRPO collapse on Search-R1. It compares pi_theta with pi_old, equal on
+    # a batch's first update, so it needs several updates per batch (trainer.mini_batch_size <
+    # trainer.batch_size or trainer.ppo_epochs > 1). 0 = off (verl's behaviour).
+    llds_coef: float = 0.0
+    # LLDS gate: response (a response's summed log-ratio fell) | action (each generation turn,
+    # the run of generated tokens between two observations, on its own; the paper's best).
+    llds_gate: str = "action"
 
     def __post_init__(self):
         _check_choice("algorithm.reward", self.reward, tuple(sorted(REWARD_FNS)))
@@ -276,6 +288,8 @@ class AlgorithmConfig:
         _check_range("algorithm.anchor_batch_size", self.anchor_batch_size, 1)
         _check_range("algorithm.anchor_two_hop_share", self.anchor_two_hop_share, 0.0, 1.0)
         _check_range("algorithm.anchor_plan_weight", self.anchor_plan_weight, 0, lo_open=True)
+        _check_range("algorithm.llds_coef", self.llds_coef, 0)
+        _check_choice("algorithm.llds_gate", self.llds_gate, LLDS_GATES)
         if self.anchor_coef > 0 and self.anchor_batch_size > self.anchor_examples:
             raise _fail("algorithm.anchor_batch_size", self.anchor_batch_size,
                         f"<= algorithm.anchor_examples ({self.anchor_examples})",
@@ -378,6 +392,17 @@ class TrainerConfig:
     # with; empty = this run's own first validation. For runs that share one "before" validation
     # (scripts/experiment_cpu.sh's later seeds, which skip val_before_train).
     val_baseline: str = ""
+    # What an alarm does: warn (print and log it, the run goes on) | stop (save a checkpoint and exit
+    # non-zero, naming the alarm and the step) | rollback (restore the last checkpoint saved before
+    # the alarm's window began and go on with the changes below; stop once max_rollbacks are spent).
+    on_alarm: str = "warn"
+    # rollback: multiply the learning rate (optim.lr) by this at each rollback (1 = unchanged).
+    rollback_lr_scale: float = 0.5
+    # rollback: multiply the KL coefficient (algorithm.kl_coef and plan_kl_coef) by this at each
+    # rollback (1 = unchanged).
+    rollback_kl_coef_scale: float = 2.0
+    # rollback: rollbacks allowed in a run; the next alarm after them stops the run as on_alarm=stop.
+    max_rollbacks: int = 2
 
     def __post_init__(self):
         object.__setattr__(self, "loggers", tuple(self.loggers))
@@ -394,6 +419,10 @@ class TrainerConfig:
         for log in self.loggers:
             _check_choice("trainer.loggers[]", log, LOGGERS)
         _check_choice("trainer.val_sampler", self.val_sampler, VAL_SAMPLERS)
+        _check_choice("trainer.on_alarm", self.on_alarm, ON_ALARM)
+        _check_range("trainer.rollback_lr_scale", self.rollback_lr_scale, 0, lo_open=True)
+        _check_range("trainer.rollback_kl_coef_scale", self.rollback_kl_coef_scale, 0)
+        _check_range("trainer.max_rollbacks", self.max_rollbacks, 0)
         if not self.output_dir:
             raise _fail("trainer.output_dir", self.output_dir, "a directory path", "set trainer.output_dir")
 
@@ -481,6 +510,13 @@ class TrainConfig:
             raise _fail("algorithm.anchor_two_hop_share", a.anchor_two_hop_share,
                         f"0 when rollout.max_turns < 2 (it is {self.rollout.max_turns}): two-hop demonstrations "
                         f"search twice", "set rollout.max_turns=2 or algorithm.anchor_two_hop_share=0")
+        if a.llds_coef > 0 and t.mini_batch_size == t.batch_size and t.ppo_epochs == 1:
+            raise _fail("algorithm.llds_coef", a.llds_coef,
+                        "0 when each rollout batch gets one update (trainer.mini_batch_size == trainer.batch_size "
+                        "and trainer.ppo_epochs == 1): LLDS penalises log pi_theta below log pi_old, which are "
+                        "equal in a batch's first update, so the term would be 0",
+                        "set trainer.mini_batch_size to a divisor of trainer.batch_size below it, or "
+                        "trainer.ppo_epochs >= 2, or algorithm.llds_coef=0")
         if self.rollout.max_start_length < self.data.max_prompt_length:
             raise _fail("rollout.max_start_length", self.rollout.max_start_length,
                         f">= data.max_prompt_length ({self.data.max_prompt_length})",

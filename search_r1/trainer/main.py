@@ -196,7 +196,8 @@ def worker_spec(cfg: TrainConfig, model_path: str | None = None):
         entropy_coef=a.entropy_coef, loss_agg=a.loss_agg, temperature=cfg.rollout.temperature,
         rollout_is=a.rollout_is, rollout_is_threshold=a.rollout_is_threshold, ppo_epochs=t.ppo_epochs,
         micro_batch_size=t.micro_batch_size, use_ref=a.uses_ref, skip_zero_advantage=a.skip_zero_advantage,
-        anchor_coef=a.anchor_coef, anchor_plan_weight=a.anchor_plan_weight,
+        anchor_coef=a.anchor_coef, anchor_plan_weight=a.anchor_plan_weight, llds_coef=a.llds_coef,
+        llds_gate=a.llds_gate,
         reuse_freed_memory=t.reuse_freed_memory, omp_spincount=t.omp_spincount)
 
 
@@ -370,6 +371,8 @@ def _hydra_main():
     import hydra
     from omegaconf import OmegaConf
 
+    from search_r1.trainer.alarms import AlarmStop
+
     # The YAML ships inside the package (search_r1/trainer/configs), so `pip install .` without -e
     # finds it; configs/grpo_cpu.yaml at the repository root is a link to the same file.
     @hydra.main(config_path="configs", config_name="grpo_cpu", version_base="1.3")
@@ -381,6 +384,9 @@ def _hydra_main():
         except (ValueError, StartupError, FileNotFoundError) as exc:
             print(f"\n[trainer] error: {exc}", file=sys.stderr, flush=True)
             sys.exit(2)
+        except AlarmStop as exc:  # trainer.on_alarm=stop (or rollback with none left): the cause, non-zero
+            print(f"\n[trainer] stopped: {exc}", file=sys.stderr, flush=True)
+            sys.exit(AlarmStop.exit_code)
         print(report(summary), flush=True)
 
     main()

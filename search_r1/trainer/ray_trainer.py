@@ -11,6 +11,7 @@ One step, top to bottom (each phase timed under its name in `timing/*`):
       -> adv:          GRPO advantage within each uid group, broadcast over generated tokens
       -> update_actor: PPO-clip + K3 KL - entropy bonus over mini-batches (workers, data parallel)
       -> metrics, validation every test_freq steps, checkpoint every save_freq steps
+      -> alarms (search_r1/trainer/alarms.py): warn, or stop / roll back (trainer.on_alarm, `_on_alarm`)
 
 The worker group, search engine, data loaders and metrics logger are built by
 `search_r1.trainer.main` and passed in, so tests can build small ones.
@@ -36,7 +37,7 @@ from search_r1.data.dataset import repeat_interleave
 from search_r1.scoring import OVERALL, aggregate, score_response
 from search_r1.rewards import check_format_correctness, em_score, get_reward_fn
 from search_r1.rollout.generation import GenerationConfig, LLMGenerationManager
-from search_r1.trainer.alarms import RunAlarms
+from search_r1.trainer.alarms import AlarmStop, RunAlarms
 from search_r1.trainer.config import TrainConfig
 from search_r1.trainer.metrics import per_source_training_metrics
 from search_r1.trainer.workers import WorkerGroupGenerator, arrange_for_dp, worker_seconds
@@ -45,7 +46,8 @@ log = logging.getLogger(__name__)
 
 # Tensors the workers need; everything else (text, stats) stays on the driver.
 LOGPROB_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
-UPDATE_KEYS = LOGPROB_KEYS + ["response_mask", "old_log_probs", "ref_log_prob", "rollout_log_probs", "advantages"]
+UPDATE_KEYS = LOGPROB_KEYS + ["response_mask", "old_log_probs", "ref_log_prob", "rollout_log_probs", "advantages",
+                              "correct"]
 # Sampling seeds: step s, round r uses seed * SEED_STRIDE + s * ROUND_STRIDE + r (pure function of
 # the step, so a resumed run samples exactly what the uninterrupted run would have).
 SEED_STRIDE = 1_000_000
@@ -116,6 +118,9 @@ class RayGRPOTrainer:
         self.global_step = 0
         self.history: list[dict] = []  # every logged metrics dict, for the caller's summary
         self.alarms = RunAlarms(kl=config.trainer.kl_alarm, window=config.trainer.alarm_window)
+        # trainer.on_alarm=rollback: rollbacks so far and the algorithm settings before any of them
+        self.rollbacks = 0
+        self._base_algorithm = config.algorithm
         # algorithm.anchor_coef: the workers keep the demonstrations; each update names its rows
         self.anchor_size = 0
         if config.algorithm.anchor_coef > 0:
@@ -148,20 +153,30 @@ class RayGRPOTrainer:
         if t.val_before_train and start == 0:
             summary["val_before"] = self._log(self.validate(0), step=0)
         last_saved = start
-        bar = tqdm(range(start + 1, t.total_steps + 1), desc="GRPO", unit="step", initial=start,
-                   total=t.total_steps, dynamic_ncols=True)
-        for step in bar:
+        if t.on_alarm == "rollback" and start == 0:  # a state to roll back to before the first saved step
+            self.save_checkpoint(0)
+        bar = tqdm(desc="GRPO", unit="step", initial=start, total=t.total_steps, dynamic_ncols=True)
+        step = start
+        while step < t.total_steps:
+            step += 1
             self.global_step = step
             batch = self.train_loader.next_batch()
             metrics = self.train_step(batch, step)
             if t.test_freq and step % t.test_freq == 0 and step != t.total_steps:
                 metrics.update(self.validate(step))
+            if t.on_alarm == "rollback":
+                metrics["alarm/rollbacks"] = float(self.rollbacks)
             self._log(metrics, step)
             kl = metrics.get("actor/kl_loss")  # absent when the step's update was skipped (no signal)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl="skipped" if kl is None else f"{kl:.4f}")
+            bar.update(1)
             if t.save_freq and step % t.save_freq == 0:
                 summary["checkpoint"] = self.save_checkpoint(step)
                 last_saved = step
+            if self.alarms.fired and t.on_alarm != "warn":
+                step = last_saved = self._on_alarm(step, last_saved)
+                bar.n = step
+                bar.refresh()
         bar.close()
         if self.global_step or start:
             final_step = max(self.global_step, start)
@@ -208,6 +223,10 @@ class RayGRPOTrainer:
         with timed(timing, "reward"):
             scores, texts = self.score(batch, self.reward_fn)
             batch.batch["token_level_scores"] = self.place_on_last_token(scores, batch.batch["response_mask"])
+            # correct responses (EM > 0) for the likelihood diagnostics (likelihood/*, workers.update_actor)
+            golds = batch.non_tensor_batch["golden_answers"]
+            ems = [em_score(t, list(g)) for t, g in zip(texts, golds)]
+            batch.batch["correct"] = torch.tensor([float(e > 0) for e in ems])  # (N,)
         with timed(timing, "adv"):
             # the sum of token-level scores is the trajectory score (only the last token is non-zero)
             adv = compute_grpo_advantages(batch.batch["token_level_scores"].sum(-1), batch.non_tensor_batch["uid"],
@@ -257,8 +276,6 @@ class RayGRPOTrainer:
             with timed(timing, "rollout_sync"):
                 self.rollout.sync(self.wg)
         metrics = dict(per_rank[0])
-        golds = batch.non_tensor_batch["golden_answers"]
-        ems = [em_score(t, list(g)) for t, g in zip(texts, golds)]
         metrics.update(self.rollout_metrics(batch, scores, texts, ems))
         self._write_samples(batch, scores, texts)
         metrics["adv/abs_mean"] = float(adv.abs().mean())
@@ -361,11 +378,78 @@ class RayGRPOTrainer:
         metrics["timing/validate"] = time.perf_counter() - t0
         return metrics
 
+    # -- acting on alarms (trainer.on_alarm) ---------------------------------------------------------
+    def _on_alarm(self, step: int, last_saved: int) -> int:
+        """Stop or roll back after the alarms `self.alarms.fired` started at `step`; returns the step
+        training continues after (the restored checkpoint's).
+
+        stop: save a checkpoint (unless this step's is saved) and raise AlarmStop naming the alarms,
+        the step and the checkpoint. rollback: restore the newest checkpoint of a step at or before
+        step - trainer.alarm_window (saved before the alarm's window began; the run's step-0
+        checkpoint at the latest), drop the newer ones (the abandoned branch), multiply the learning
+        rate by trainer.rollback_lr_scale and the KL coefficients by trainer.rollback_kl_coef_scale,
+        and rebuild the alarms from the steps up to the restored one. The redone steps draw the same
+        prompts and sampling seeds (a function of the step), so they differ by the changed settings.
+        With trainer.max_rollbacks spent, or no checkpoint old enough, it stops as `stop` does.
+        """
+        from search_r1.trainer.checkpoint import CheckpointManager
+
+        t = self.cfg.trainer
+        names = ", ".join(self.alarms.fired)
+        why = f"alarm ({names}) at step {step}"
+        target = None
+        if t.on_alarm == "rollback":
+            if self.rollbacks >= t.max_rollbacks:
+                why += f"; the {t.max_rollbacks} rollbacks allowed (trainer.max_rollbacks) are spent"
+            else:
+                manager = CheckpointManager(self.checkpoint_root, keep_last=None)
+                old = [(s, p) for s, p in manager.checkpoints() if s <= step - t.alarm_window]
+                if old:
+                    target = old[-1]
+                else:
+                    why += (f"; no checkpoint at or before step {step - t.alarm_window} (before the alarm's "
+                            f"{t.alarm_window}-step window) is left: raise trainer.keep_last or lower trainer.save_freq")
+        if target is None:
+            path = self.save_checkpoint(step) if last_saved != step else str(self.checkpoint_root / f"global_step_{step}")
+            message = f"stopping on {why} (trainer.on_alarm={t.on_alarm}); checkpoint {path}"
+            tqdm.write(f"[trainer] {message}")
+            raise AlarmStop(message)
+        restored, path = target
+        manager.discard_after(restored)
+        self._load_checkpoint(path)
+        self.rollbacks += 1
+        lr = self._apply_rollback_scales(lr_factor=t.rollback_lr_scale)
+        self.alarms = RunAlarms(kl=t.kl_alarm, window=t.alarm_window)
+        self.history = [h for h in self.history if h["step"] <= restored]
+        self._restore_alarms(0)
+        self.alarms.replay(self.history)
+        if self.rollout is not None:
+            self.rollout.sync(self.wg)
+        alg = self.cfg.algorithm
+        message = (f"ROLLBACK {self.rollbacks}/{t.max_rollbacks} on {why}: restored step {restored} ({path}); "
+                   f"lr x{t.rollback_lr_scale} -> {lr:.3g}, kl_coef x{t.rollback_kl_coef_scale} -> {alg.kl_coef:.3g}")
+        tqdm.write(f"[trainer] {message}")
+        log.warning(message)
+        self.global_step = restored
+        return restored
+
+    def _apply_rollback_scales(self, lr_factor: float) -> float:
+        """Set the KL coefficients to the run's base ones x rollback_kl_coef_scale ** rollbacks (on the
+        driver, which builds per-token KL weights, and on the workers) and multiply the workers' lr by
+        `lr_factor` (the optimizer and scheduler state carry it on). Returns the new lr."""
+        t, base = self.cfg.trainer, self._base_algorithm
+        k = t.rollback_kl_coef_scale ** self.rollbacks
+        alg = dataclasses.replace(base, kl_coef=base.kl_coef * k,
+                                  plan_kl_coef=None if base.plan_kl_coef is None else base.plan_kl_coef * k)
+        self.cfg = dataclasses.replace(self.cfg, algorithm=alg)
+        return self.wg.rescale(lr_factor, alg.kl_coef)[0]
+
     # -- checkpoints --------------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> str:
         from search_r1.trainer.checkpoint import capture_rng_state
 
-        extra = {"step": step, "config": self.cfg.to_dict(), "reference": self.wg.reference_identity()[0]}
+        extra = {"step": step, "config": self.cfg.to_dict(), "reference": self.wg.reference_identity()[0],
+                 "rollbacks": self.rollbacks}
         paths = self.wg.save_checkpoint(str(self.checkpoint_root), step, self.cfg.trainer.keep_last, extra,
                                         self.train_loader.state_dict(), capture_rng_state())
         return paths[0]
@@ -383,7 +467,7 @@ class RayGRPOTrainer:
 
     def maybe_resume(self) -> int:
         """Load the checkpoint trainer.resume points at; returns the step it ends (0 = fresh start)."""
-        from search_r1.trainer.checkpoint import CheckpointManager, restore_rng_state
+        from search_r1.trainer.checkpoint import CheckpointManager, read_extra_state
 
         resume = self.cfg.trainer.resume
         if resume == "none":
@@ -397,15 +481,25 @@ class RayGRPOTrainer:
         else:
             path = Path(resume).expanduser()
         self.check_resumable(path)
+        step = self._load_checkpoint(path)
+        rollbacks = int(read_extra_state(path).get("rollbacks", 0))
+        if rollbacks:  # the lr is in the optimizer state; the KL coefficients follow the count
+            self.rollbacks = rollbacks
+            self._apply_rollback_scales(lr_factor=1.0)
+        log.warning("resumed from %s (step %d)", path, step)
+        self.global_step = step
+        return step
+
+    def _load_checkpoint(self, path) -> int:
+        """Weights, optimizer, scheduler, data-loader position and RNG from `path`; returns its step."""
+        from search_r1.trainer.checkpoint import restore_rng_state
+
         state = self.wg.load_checkpoint(str(path))[0]
         if state["dataloader"] is not None:
             self.train_loader.load_state_dict(state["dataloader"])
         if state["rng"] is not None:
             restore_rng_state(state["rng"])
-        step = int(state["step"])
-        log.warning("resumed from %s (step %d)", path, step)
-        self.global_step = step
-        return step
+        return int(state["step"])
 
     def check_resumable(self, path: Path) -> None:
         """Refuse to resume when the saved state would override a changed setting, or the KL

@@ -44,8 +44,9 @@ from verl import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
-from search_r1.algos import (agg_loss, entropy_from_logits, get_kl_estimator, ppo_clip_loss, rollout_mismatch_sums,
-                             token_log_probs, truncated_is_weights)
+from search_r1.algos import (LIKELIHOOD_SUMS, agg_loss, entropy_from_logits, get_kl_estimator, likelihood_metrics,
+                             likelihood_sums, llds_loss, ppo_clip_loss, rollout_mismatch_sums, token_log_probs,
+                             truncated_is_weights)
 from search_r1.models import release_memory, reuse_freed_memory
 from search_r1.rollout.backends import GenOutput, SamplingParams
 from search_r1.rollout.tensor_helper import shared_prompt_rows
@@ -91,6 +92,9 @@ class WorkerSpec:
     anchor_coef: float = 0.0
     # weight of the anchor demonstrations' first round in its token mean (algorithm.anchor_plan_weight)
     anchor_plan_weight: float = 1.0
+    # LLDS likelihood-preserving term (algorithm.llds_coef, algorithm.llds_gate; algos.llds_loss)
+    llds_coef: float = 0.0
+    llds_gate: str = "action"
     # glibc keeps freed memory in this worker's process for the next micro-batch of a rollout or update
     # (`models.reuse_freed_memory`; trainer.reuse_freed_memory). Process-wide: for a worker that has
     # its process to itself (a Ray actor), never one built in a caller's process
@@ -143,6 +147,21 @@ class UpdateStats:
     logp_diff_max: float = 0.0
     prob_diff_max: float = 0.0
     seq_ratio_max: float = 0.0
+    # LLDS (algos.llds_loss): the term (already / global normaliser), gated tokens, responses with a
+    # gated token, responses with a generated token
+    llds_loss: float = 0.0
+    llds_gated_tokens: float = 0.0
+    llds_gated_responses: float = 0.0
+    responses: float = 0.0
+    # likelihood diagnostics (algos.likelihood_sums), filled only when the batch has `correct`
+    correct_new: float = 0.0
+    correct_old: float = 0.0
+    correct_tokens: float = 0.0
+    incorrect_new: float = 0.0
+    incorrect_old: float = 0.0
+    incorrect_tokens: float = 0.0
+    preserved: float = 0.0
+    preserved_fell: float = 0.0
 
     def add(self, **values: float) -> None:
         for k, v in values.items():
@@ -269,6 +288,19 @@ class PolicyWorker(Worker):
         self.anchor = []  # supervised anchor demonstrations (set_anchor)
         return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
                 "threads": torch.get_num_threads(), "n_params": sum(p.numel() for p in self.params)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rescale(self, lr_factor: float, kl_coef: float) -> float:
+        """Multiply the learning rate (the scheduler's base and the optimizer's current one) by
+        `lr_factor` and set the KL coefficient to `kl_coef` (a rollback, trainer.on_alarm=rollback).
+        Both persist in later checkpoints through the optimizer and scheduler state. Returns the lr."""
+        self.scheduler.base_lrs = [lr * lr_factor for lr in self.scheduler.base_lrs]
+        for group in self.optimizer.param_groups:
+            group["lr"] *= lr_factor
+            if "initial_lr" in group:
+                group["initial_lr"] *= lr_factor
+        self.spec = dataclasses.replace(self.spec, kl_coef=kl_coef)
+        return self.optimizer.param_groups[0]["lr"]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def set_anchor(self, demos: list) -> int:
@@ -441,15 +473,20 @@ class PolicyWorker(Worker):
         responses, response_mask (N, R), old_log_probs, ref_log_prob, rollout_log_probs, advantages (N, R).
         meta_info["n_mini_batches"]: mini-batches per epoch (same on every rank).
         meta_info["anchor_rows"] (with spec.anchor_coef > 0): indices into the `set_anchor` pool.
+        Optional `correct` (N,): 1 = a correct response, for the likelihood diagnostics.
 
             loss = PPO-clip(logp, old, A) + kl_coef * KL_k3(logp, ref) - entropy_coef * H(pi)
-                   + anchor_coef * NLL(anchor demonstrations)
+                   + anchor_coef * NLL(anchor demonstrations) + llds_coef * LLDS(logp, old, A)
 
         (with a `kl_weights` (N, R) key, per-token coefficients replace kl_coef: agg(w * KL_k3)),
         each term aggregated over response_mask across the global mini-batch (the PPO-clip term
         weighted by truncated pi_old / pi_rollout when spec.rollout_is is set). Returns metrics
-        averaged over mini-batches, and the sampler/trainer mismatch of the first epoch (identical
-        on every rank after the all-reduces).
+        averaged over mini-batches, the sampler/trainer mismatch of the first epoch, and (with
+        `correct`) the likelihood diagnostics `likelihood/*` of the last epoch: log pi_theta at each
+        mini-batch's update (before its optimizer step) against log pi_old (identical on every rank
+        after the all-reduces). With one update per batch pi_theta is pi_old there: the `_new` and
+        `_old` values agree and `likelihood/preserved_fell_frac` is 0; across steps `_old` is the
+        curve of the paper (the likelihood of correct responses under the policy that sampled them).
         """
         spec = self.spec
         t0 = time.perf_counter()
@@ -459,6 +496,8 @@ class PolicyWorker(Worker):
         sums: dict[str, float] = {}
         n_updates = n_skipped = 0
         mismatch = UpdateStats()
+        likelihood = UpdateStats()
+        diagnose = "correct" in data.batch.keys()
         for epoch in range(spec.ppo_epochs):
             for mb in _chunk(data, n_mini):
                 if spec.skip_zero_advantage and not self._has_signal(mb):
@@ -467,7 +506,7 @@ class PolicyWorker(Worker):
                 norm = self._normalizer(mb.batch["response_mask"].float())
                 self.optimizer.zero_grad(set_to_none=False)
                 with self._weights_cast_once(self.model):  # closed before the optimizer moves the weights
-                    stats = self.accumulate_grads(mb, norm)
+                    stats = self.accumulate_grads(mb, norm, likelihood=diagnose and epoch == spec.ppo_epochs - 1)
                     anchor_rows = data.meta_info.get("anchor_rows")
                     if spec.anchor_coef > 0 and anchor_rows:
                         sums["actor/anchor_loss"] = (sums.get("actor/anchor_loss", 0.0)
@@ -479,6 +518,8 @@ class PolicyWorker(Worker):
                 else:  # a non-finite gradient would poison AdamW's moments on every rank
                     self.optimizer.zero_grad(set_to_none=False)
                 stats = stats.reduce(self._all_reduce)
+                if diagnose and epoch == spec.ppo_epochs - 1:
+                    likelihood.add(**{k: getattr(stats, k) for k in LIKELIHOOD_SUMS})
                 if epoch == 0:  # pi_old and pi_rollout do not change between epochs
                     mismatch.add(**{f.name: getattr(stats, f.name) for f in fields(stats)
                                     if f.name in ("tokens", "sequences") or f.name.startswith(
@@ -489,6 +530,12 @@ class PolicyWorker(Worker):
                              "actor/ppo_kl": stats.ppo_kl_tokens / tokens, "actor/grad_norm": grad_norm,
                              "actor/update_tokens": stats.tokens}.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
+                if spec.llds_coef > 0:
+                    responses = max(stats.responses, 1.0)
+                    for k, v in {"actor/llds_loss": stats.llds_loss,
+                                 "actor/llds_gated_token_frac": stats.llds_gated_tokens / tokens,
+                                 "actor/llds_gated_response_frac": stats.llds_gated_responses / responses}.items():
+                        sums[k] = sums.get(k, 0.0) + float(v)
                 n_updates += 1
         lr = self.scheduler.get_last_lr()[0]
         if n_updates:  # the warmup counts optimizer steps taken; an all-skipped call leaves weights as they are
@@ -500,6 +547,8 @@ class PolicyWorker(Worker):
         if n_updates:
             metrics.update(mismatch.mismatch_metrics())
             metrics["actor/grad_nonfinite"] = float(not math.isfinite(metrics["actor/grad_norm"]))
+            if diagnose:
+                metrics.update(likelihood_metrics({k: getattr(likelihood, k) for k in LIKELIHOOD_SUMS}))
         metrics["actor/lr"] = lr
         metrics["actor/skipped_updates"] = n_skipped / (n_skipped + n_updates)
         metrics["perf/update_worker_s"] = time.perf_counter() - t0
@@ -510,11 +559,12 @@ class PolicyWorker(Worker):
         local = (mb.batch["advantages"].float() * mb.batch["response_mask"].float()).abs().max()
         return float(self._all_reduce(local.reshape(1).clone(), op="max")) > 0.0
 
-    def accumulate_grads(self, mb: DataProto, norm: float) -> UpdateStats:
+    def accumulate_grads(self, mb: DataProto, norm: float, likelihood: bool = False) -> UpdateStats:
         """Backpropagate the loss of one (local) mini-batch in micro-batches; grads accumulate.
 
         `norm` is the global aggregation denominator, so the summed micro-batch losses of all ranks
-        equal the loss of the global mini-batch. Returns this rank's `UpdateStats`.
+        equal the loss of the global mini-batch. `likelihood`: also sum the likelihood diagnostics
+        (needs the batch's `correct`). Returns this rank's `UpdateStats`.
         """
         spec = self.spec
         kl_fn = get_kl_estimator(spec.kl_type)
@@ -543,6 +593,16 @@ class PolicyWorker(Worker):
                 # per-token coefficients (algorithm.plan_kl_coef) replace the single kl_coef
                 loss = loss + (spec.kl_coef * kl if weights is None
                                else agg_loss(kl_tok * weights, m, spec.loss_agg, norm))
+            adv = mb.batch["advantages"][rows]
+            if spec.llds_coef > 0:
+                llds, lst = llds_loss(logp, old, adv, m, gate=spec.llds_gate, agg=spec.loss_agg, normalizer=norm)
+                loss = loss + spec.llds_coef * llds
+                responses = float((m.sum(-1) > 0).sum())
+                stats.add(llds_loss=llds.item(), responses=responses,
+                          llds_gated_tokens=lst["actor/llds_gated_token_frac"] * float(m.sum()),
+                          llds_gated_responses=lst["actor/llds_gated_response_frac"] * responses)
+            if likelihood:
+                stats.add(**likelihood_sums(logp, old, m, mb.batch["correct"][rows] > 0, adv))
             ent_term = agg_loss(ent, m, spec.loss_agg, norm)
             if spec.entropy_coef > 0:
                 loss = loss - spec.entropy_coef * ent_term

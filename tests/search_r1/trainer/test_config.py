@@ -298,3 +298,19 @@ def test_torch_openmp_runtime_takes_the_worker_env(spincount, inherited, want):
     assert out.returncode == 0, out.stderr[-2000:]
     found = re.findall(r"GOMP_SPINCOUNT = '(\d+)'", out.stderr + out.stdout)
     assert found == [want], (out.stderr + out.stdout)[-2000:]
+
+
+def test_llds_and_on_alarm_keys_are_checked_with_the_fix():
+    base = {"trainer": {"batch_size": 2, "mini_batch_size": 1}}
+    cfg = TrainConfig.from_dict({**base, "algorithm": {"llds_coef": 0.1, "llds_gate": "response"}})
+    assert (cfg.algorithm.llds_coef, cfg.algorithm.llds_gate) == (0.1, "response")
+    with pytest.raises(ValueError, match=r"algorithm.llds_gate='turn'.*\['response', 'action'\]"):
+        TrainConfig.from_dict({**base, "algorithm": {"llds_gate": "turn"}})
+    # one update per batch: pi_theta == pi_old in it, so LLDS would be 0; the error says what to change
+    with pytest.raises(ValueError, match=r"algorithm.llds_coef=0.1.*trainer.mini_batch_size"):
+        TrainConfig.from_dict({"algorithm": {"llds_coef": 0.1}})
+    assert TrainConfig.from_dict({"algorithm": {"llds_coef": 0.1}, "trainer": {"ppo_epochs": 2}}).algorithm.llds_coef == 0.1
+    with pytest.raises(ValueError, match=r"trainer.on_alarm='halt'.*\['warn', 'stop', 'rollback'\]"):
+        TrainConfig.from_dict({"trainer": {"on_alarm": "halt"}})
+    with pytest.raises(ValueError, match=r"trainer.rollback_lr_scale=0.0"):
+        TrainConfig.from_dict({"trainer": {"rollback_lr_scale": 0.0}})

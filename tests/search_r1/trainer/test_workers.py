@@ -480,3 +480,39 @@ def test_update_with_anchor_rows_reports_the_anchor_loss_and_moves_differently(l
             assert "actor/anchor_loss" not in m
         after[bool(rows)] = torch.cat([p.detach().reshape(-1).clone() for p in w.params])
     assert not torch.allclose(after[False], after[True])
+
+
+def test_llds_gradient_is_coef_times_the_pure_terms_and_update_reports_it(local_worker_factory):
+    from search_r1.algos import llds_loss
+
+    w = local_worker_factory(WorkerSpec(model_name=MODEL, micro_batch_size=2))
+    batch = with_targets(w, fixed_batch(), [1.0, -1.0, 0.5, 0.0])
+    # pi_old above pi_theta on the first two response tokens: the likelihood "fell" there
+    batch.batch["old_log_probs"][:, :2] += 0.5
+    mask = batch.batch["response_mask"].float()
+    norm = float(mask.sum())
+
+    def grads(coef):
+        w.spec = dataclasses.replace(w.spec, llds_coef=coef, llds_gate="response")
+        w.optimizer.zero_grad(set_to_none=False)
+        w.accumulate_grads(batch, norm=norm)
+        return torch.cat([p.grad.reshape(-1).clone() for p in w.params])
+
+    g0, g1 = grads(0.0), grads(0.7)
+    # the term alone, from the pure function on the worker's own forward
+    w.optimizer.zero_grad(set_to_none=False)
+    for rows in (slice(0, 2), slice(2, 4)):
+        logp, _ = w._forward_logprobs(w.model, batch, rows, with_entropy=False)
+        term, _ = llds_loss(logp, batch.batch["old_log_probs"][rows], batch.batch["advantages"][rows], mask[rows],
+                            gate="response", normalizer=norm)
+        term.backward()
+    g_term = torch.cat([p.grad.reshape(-1).clone() for p in w.params])
+    assert g_term.abs().sum() > 0
+    torch.testing.assert_close(g1, g0 + 0.7 * g_term, atol=1e-6, rtol=1e-5)
+    # update_actor logs the term and, given `correct`, the likelihood diagnostics
+    batch.batch["correct"] = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    batch.meta_info["n_mini_batches"] = 1
+    m = w.update_actor(batch)
+    assert m["actor/llds_loss"] > 0 and 0 < m["actor/llds_gated_token_frac"] <= 1
+    assert m["likelihood/correct_logp_new"] < m["likelihood/correct_logp_old"]  # old was raised by 0.5
+    assert 0 < m["likelihood/preserved_fell_frac"] <= 1
