@@ -6,6 +6,9 @@ runs the directory in a second pytest pass, `make test-vllm` runs only it. Each 
 on the session's synthetic world (`${search_r1_warmstart:smollm2-135m-instruct}`; the first session on
 a machine trains it, ~1-2 min, later ones reuse $SEARCH_R1_HOME/warmstart). It writes
 <search>/<answer>, so rollouts take several turns and reach the retriever.
+
+`vllm_serve_smollm2` (session): one `vllm serve` of it for the tests that need only a running
+OpenAI-compatible server (the agents' test); tests that need their own flags start their own.
 """
 from __future__ import annotations
 
@@ -26,3 +29,14 @@ def warm_smollm2(synth_world, retriever_server) -> str:
     path = str(cfg.actor_rollout_ref.model.path)
     assert "/warmstart/" in path, path
     return path
+
+
+@pytest.fixture(scope="session")
+def vllm_serve_smollm2(warm_smollm2, tmp_path_factory):
+    """`vllm serve` of `warm_smollm2` on loopback with the tests' settings (servers.VLLMServe: served as
+    smollm2-135m-instruct, --max-model-len 2048), started once per session (~1-2 min on this CPU) for
+    every test that only needs the OpenAI API of a running server; stopped at the session's end."""
+    from tests.verl_ext.cpu.vllm.servers import VLLMServe
+
+    with VLLMServe(warm_smollm2, tmp_path_factory.mktemp("vllm_serve") / "vllm_serve.log") as server:
+        yield server
