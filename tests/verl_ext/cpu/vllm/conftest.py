@@ -8,7 +8,8 @@ a machine trains it, ~1-2 min, later ones reuse $SEARCH_R1_HOME/warmstart). It w
 <search>/<answer>, so rollouts take several turns and reach the retriever.
 
 `vllm_serve_smollm2` (session): one `vllm serve` of it for the tests that need only a running
-OpenAI-compatible server (the agents' test); tests that need their own flags start their own.
+OpenAI-compatible server (the agents' and the evaluation CLI's tests); tests that need their own
+flags start their own.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from tests.verl_ext.cpu.vllm.servers import NO_VLLM, VLLMServe
+from tests.verl_ext.cpu.vllm.servers import NO_VLLM
 
 pytest.importorskip("vllm", reason=NO_VLLM)
 
@@ -36,21 +36,20 @@ def run_eval(args: list[str], out, timeout: float = 600) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_eval_cli_against_vllm_serve(warm_smollm2, synth_world, retriever_server, tmp_path):
+def test_eval_cli_against_vllm_serve(warm_smollm2, vllm_serve_smollm2, synth_world, retriever_server, tmp_path):
+    # the session's one `vllm serve` (conftest.py), shared with the agents' test: one start per pass
+    server = vllm_serve_smollm2
     data = ["--data", str(synth_world / "test.parquet"), "--retriever-url", retriever_server.url]
-    t0 = time.monotonic()
-    with VLLMServe(warm_smollm2, tmp_path / "vllm_serve.log") as server:
-        t1 = time.monotonic()
-        assert httpx.get(f"{server.base_url}/v1/models").json()["data"][0]["id"] == "smollm2-135m-instruct"
-        queries_before = retriever_server.health()["batching"]["batched_queries"]
-        served = run_eval(["--model", "smollm2-135m-instruct", "--base-url", server.base_url,
-                           "--tokenizer", warm_smollm2, *data], tmp_path / "served")
-        searched = retriever_server.health()["batching"]["batched_queries"] - queries_before
-        metrics = httpx.get(f"{server.base_url}/metrics").text
-        t2 = time.monotonic()
+    t1 = time.monotonic()
+    assert httpx.get(f"{server.base_url}/v1/models").json()["data"][0]["id"] == "smollm2-135m-instruct"
+    queries_before = retriever_server.health()["batching"]["batched_queries"]
+    served = run_eval(["--model", "smollm2-135m-instruct", "--base-url", server.base_url,
+                       "--tokenizer", warm_smollm2, *data], tmp_path / "served")
+    searched = retriever_server.health()["batching"]["batched_queries"] - queries_before
+    metrics = httpx.get(f"{server.base_url}/metrics").text
+    t2 = time.monotonic()
     local = run_eval(["--model", warm_smollm2, "--threads", "2", *data], tmp_path / "local")
-    print(f"\n[eval vs vllm serve] seconds: vllm serve start {t1 - t0:.0f}, served eval {t2 - t1:.0f}, "
-          f"local eval {time.monotonic() - t2:.0f}")
+    print(f"\n[eval vs vllm serve] seconds: served eval {t2 - t1:.0f}, local eval {time.monotonic() - t2:.0f}")
 
     assert len(served["predictions"]) == N_QUESTIONS
     searches = sum(len(p.get("search_queries") or []) for p in served["predictions"])
