@@ -191,3 +191,11 @@ def test_every_benchmark_compiles():
     assert any(p.parent.name == "studies" for p in scripts)
     for path in scripts:
         compile(path.read_text(), str(path), "exec")
+
+
+def test_the_benchmarks_page_lists_every_bench_script():
+    """docs/benchmarks.md names every script under bench/ (studies included), so none is orphaned."""
+    page = (REPO / "docs" / "benchmarks.md").read_text()
+    scripts = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "bench").rglob("*.py"))
+    assert scripts and not [s for s in scripts if f"`{s}`" not in page], \
+        [s for s in scripts if f"`{s}`" not in page]
