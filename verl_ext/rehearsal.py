@@ -56,17 +56,20 @@ PLATFORM_KEYS = (
     "actor_rollout_ref.ref.fsdp_config.param_offload",
     "actor_rollout_ref.ref.fsdp_config.mixed_precision",
     "actor_rollout_ref.rollout.name",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size",
     "actor_rollout_ref.rollout.agent.num_workers",
     "reward.num_workers",
     "transfer_queue.backend.SimpleStorage.num_data_storage_units",
     "trainer.device",
     "data.dataloader_num_workers",
 )
-# Rehearsal lengths: synthetic-world prompts are ~150 tokens; a turn and an observation as in
-# grpo_verl_cpu (64 / 128), the response budget as the turns need it.
-PROMPT_TOKENS, TURN_TOKENS, OBS_TOKENS = 256, 64, 128
+# Rehearsal lengths: synthetic-world prompts are ~150 tokens; short turns and observations, the response
+# budget as the turns need them. The padded length sets the log-prob passes' memory: a micro-batch of
+# 10 x 704 tokens x the stand-in's 49k vocabulary is 1.4 GB of float32 logits per training worker, and
+# 8 workers at once ran a 24 GB machine out of memory; 192 + 224 tokens is 0.8 GB.
+PROMPT_TOKENS, TURN_TOKENS, OBS_TOKENS = 192, 32, 64
 VAL_SAMPLES = 8
+# Share of this machine's memory the log-prob passes' logits may take before the chunked kernel is used.
+LOG_PROB_MEMORY_SHARE = 0.4
 KEEP_LOGGERS = ("console", "tensorboard", "file")
 PHASE_TIMEOUT_S = 3600
 
@@ -165,6 +168,20 @@ def plan_changes(config: DictConfig, run_dir: Path, retriever_url: str, train_fi
     change("data.val_files", val_file, "the synthetic world")
     change("data.val_max_samples", VAL_SAMPLES, "validation shrunk")
     change("search_r1.retriever.urls", [retriever_url], "the rehearsal's own retriever")
+    # one HF server for all workers: the rollout engine is replaced anyway, and 8 servers on 2 cores
+    # ran out of memory (8 x ~1 GB) and batched a few requests each
+    change("actor_rollout_ref.rollout.tensor_model_parallel_size", world,
+           "rollout engine: one HF server process for all training workers (HF does not shard)")
+    # The log-prob passes of all workers run at once in one machine's memory: each materialises a
+    # micro-batch of float32 logits over the stand-in's 49k vocabulary, several times over (log-softmax,
+    # entropy). When that cannot fit, verl's own chunked torch kernel computes the same log-probs and
+    # entropy 512 tokens at a time (model.use_fused_kernels, impl_backend torch); the micro-batches,
+    # the thing rehearsed, are unchanged.
+    if _log_prob_memory_gb(config, world) > LOG_PROB_MEMORY_SHARE * _total_memory_gb():
+        change("actor_rollout_ref.model.use_fused_kernels", True,
+               f"memory: {world} workers' logits at once would need ~{_log_prob_memory_gb(config, world):.0f} GB; "
+               f"verl's chunked torch log-prob kernel")
+        change("actor_rollout_ref.model.fused_kernel_options.impl_backend", "torch", "verl's chunked torch kernel")
     # nucleus sampling sorts the whole vocabulary (49k for the stand-in's tokenizer) at every sampled
     # token: on 2 CPU cores most of a 2,400-trajectory rollout. No batch or micro-batch depends on it.
     change("actor_rollout_ref.rollout.top_p", 1.0, "sampling cost: no per-token vocabulary sort on CPU")
@@ -182,6 +199,25 @@ def plan_changes(config: DictConfig, run_dir: Path, retriever_url: str, train_fi
     change("ray_kwargs.ray_init.num_cpus", 16 + 4 * world, "logical CPUs for Ray's scheduler")
     change("ray_kwargs.ray_init.num_gpus", world, "the CPU platform's logical GPUs, one per training worker")
     return changes
+
+
+def _log_prob_memory_gb(config: DictConfig, world: int) -> float:
+    """Peak float32 logits of the old-log-prob pass on all workers at once, at the rehearsal's lengths:
+    workers x micro-batch x tokens x vocabulary x 4 bytes x ~4 live copies (logits, softmax, their
+    product for the entropy, log-softmax)."""
+    from search_r1.models import load_tokenizer
+
+    micro = int(OmegaConf.select(config, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu") or 1)
+    turns = int(config.search_r1.max_turns)
+    tokens = PROMPT_TOKENS + (turns + 1) * TURN_TOKENS + turns * OBS_TOKENS
+    vocab = len(load_tokenizer("tiny-random-qwen3"))  # every stand-in uses SmolLM2's tokenizer
+    return world * micro * tokens * vocab * 4 * 4 / 2**30
+
+
+def _total_memory_gb() -> float:
+    import psutil
+
+    return psutil.virtual_memory().total / 2**30
 
 
 def apply_changes(config: DictConfig, changes: list[Change]) -> DictConfig:

@@ -42,12 +42,21 @@ def test_the_geometry_is_kept_and_every_change_is_listed():
     assert (changes["actor_rollout_ref.actor.strategy"].gpu, changes["actor_rollout_ref.actor.strategy"].cpu) == \
         ("fsdp", "fsdp2")
     assert changes["actor_rollout_ref.rollout.name"].cpu == "hf" and cpu.trainer.device == "cpu"
+    # the rollout engine is replaced: one HF server for all 16 workers (its TP spans them); the sampling
+    # cost of a nucleus sort over the vocabulary is dropped
+    assert (cpu.actor_rollout_ref.rollout.tensor_model_parallel_size, cpu.actor_rollout_ref.rollout.top_p) == (16, 1.0)
     assert OmegaConf.to_container(cpu.actor_rollout_ref.ref.optim) == OmegaConf.to_container(gpu.actor_rollout_ref.actor.optim)
-    # lengths shrunk consistently: 3 turns x 64 + 2 observations x 128, prompt + response as the context
+    # lengths shrunk consistently: 3 turns x 32 + 2 observations x 64, prompt + response as the context
     assert (cpu.data.max_prompt_length, cpu.data.max_response_length, cpu.search_r1.max_tokens_per_turn,
-            cpu.search_r1.max_obs_length, cpu.search_r1.max_context_length) == (256, 448, 64, 128, None)
+            cpu.search_r1.max_obs_length, cpu.search_r1.max_context_length) == (192, 224, 32, 64, None)
     assert (cpu.trainer.total_training_steps, cpu.trainer.save_freq) == (1, 1)
     assert list(cpu.trainer.logger) == ["console"] and cpu.search_r1.retriever.urls == ["http://127.0.0.1:1/retrieve"]
+    # 16 workers' old-log-prob logits at once (16 x 10 x 416 tokens x 49k x 4 B x ~4 copies, ~49 GB) cannot
+    # fit this machine: verl's chunked torch kernel computes the same log-probs; one worker's can
+    assert changes["actor_rollout_ref.model.use_fused_kernels"].cpu is True
+    assert cpu.actor_rollout_ref.model.fused_kernel_options.impl_backend == "torch"
+    single, _ = plan(verl_config(trainer__n_gpus_per_node=1))
+    assert "actor_rollout_ref.model.use_fused_kernels" not in single
     # every change prints as `key: GPU value -> CPU value  (why)`
     line = changes["actor_rollout_ref.actor.strategy"].line()
     assert line.startswith("  actor_rollout_ref.actor.strategy: fsdp -> fsdp2  (")

@@ -37,7 +37,8 @@ def server_actor_name(replica_rank: int, node_rank: int = 0, suffix: str = "") -
 
 
 class HFReplica(RolloutReplica):
-    """verl rollout replica served by one `HFRolloutServer` actor (CPU, world size 1 per replica)."""
+    """verl rollout replica served by one `HFRolloutServer` actor (CPU): one per training worker with
+    rollout TP 1, one for all N workers with TP N (the GPU rehearsal's fewer, fuller batches)."""
 
     async def launch_servers(self):
         from verl_ext.cpu.server import HFRolloutServer
@@ -45,10 +46,8 @@ class HFReplica(RolloutReplica):
         if self.rollout_mode != RolloutMode.HYBRID:
             raise ValueError(f"rollout.name=hf supports the hybrid (colocated sync) mode only, got "
                              f"{self.rollout_mode}; use a colocated sync trainer mode (trainer.v1.trainer_mode=sync or search_r1)")
-        if self.world_size != 1:
-            raise ValueError(f"rollout.name=hf serves one process per replica; set "
-                             f"actor_rollout_ref.rollout.tensor_model_parallel_size=1 (and data/pipeline "
-                             f"parallel 1), got a replica world size of {self.world_size}")
+        # A replica of world size > 1 (rollout.tensor_model_parallel_size > 1) is still one server process:
+        # HF does not shard the model; the replica's other ranks only drain the weight sync (the adapter).
         node_id = await self.workers[0].__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
         name = server_actor_name(self.replica_rank, 0, self.name_suffix)
         server = ray.remote(HFRolloutServer).options(
