@@ -90,7 +90,7 @@ def _make_faiss_index(kind: str, dim: int, n: int, hnsw_m: int, ivf_nlist: int |
 def default_pq_m(dim: int) -> int:
     """PQ sub-quantizers by default: dim/4 one-byte codes (MiniLM 384 -> 96 B, e5-base 768 -> 192 B
     per passage: 1/16 of Flat's 4*d bytes). bench/retriever_ann.py measures what this costs in recall
-    (README, "Benchmarks"); --pq-m trades memory for recall."""
+    (docs/benchmarks.md); --pq-m trades memory for recall."""
     return max(1, dim // 4)
 
 

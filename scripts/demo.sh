@@ -12,7 +12,7 @@
 #      (EM, F1, format, searches) on the 100 dev questions before and after training, and the
 #      questions whose answer changed.
 # Resources: 2 CPU cores, < 8 GB RAM, about 15-20 minutes on a CPU with AVX512 and 36 on an AVX2-only
-# AMD EPYC (README "Training (CPU, embedded trainer)" has the measured times and CPU kinds). Extra
+# AMD EPYC (docs/results/demo.md has the measured times and CPU kinds). Extra
 # arguments are Hydra overrides (e.g. `bash scripts/demo.sh trainer.total_steps=5`).
 # The run directory is outputs/demo, replaced by every demo run (scripts/train_grpo.sh resumes runs).
 set -euo pipefail
@@ -38,14 +38,14 @@ fi
 # is the multi-turn experiment). Validation: the whole dev split, 100 questions, greedy, before and
 # after training; one question moves EM by 0.01 (binomial standard error ~0.04 at EM 0.8). Judged
 # on the first 64 only, as before, each float32 run ended one question below its start (two answers
-# near the greedy edge lost, one gained) while the other 36 gained one or two (README, the demo
+# near the greedy edge lost, one gained) while the other 36 gained one or two (docs/results/demo.md, the demo
 # table). The test split is left to the experiment. lr 3e-6 (configs/grpo_cpu.yaml): at 3e-5 a
-# float32 run of this recipe collapsed and at 1e-5 it lost 7 of 64 questions (README "Does it learn?").
+# float32 run of this recipe collapsed and at 1e-5 it lost 7 of 64 questions (docs/results/).
 "$PYTHON" -m search_r1.data.splits --train "$SYNTH_DIR/train.parquet" --out outputs/demo_data --per-source 100 \
   --sources synth_nq
 # Observations of 192 tokens (the config's 96 cut the top-3 passages inside the second): with 96, 9 of
 # the warm-start's 15 wrong dev answers never saw the gold answer, so GRPO could not fix them and only
-# lose right ones; with 192, 11 of its 12 wrong answers had the answer in front of them (README).
+# lose right ones; with 192, 11 of its 12 wrong answers had the answer in front of them (docs/results/).
 DEMO=("data.train_files=['outputs/demo_data/train.parquet']" "data.test_files=['outputs/demo_data/dev.parquet']"
       data.val_size=100 trainer.val_batch_size=32 trainer.test_freq=0
       rollout.max_obs_length=192 rollout.max_response_length=384)

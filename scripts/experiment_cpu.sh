@@ -34,7 +34,7 @@
 # (scripts/select_recipe_cpu.sh runs candidates on dev only); the test split is evaluated once per final run.
 #
 # Resources: 2 CPU cores, < 8 GB RAM, no GPU, no network. Budget: at most 120 minutes with the world,
-# index and warm-starts cached (README "Does it learn?" has the measured time and what each knob saves).
+# index and warm-starts cached (docs/results/ has the measured time and what each knob saves).
 # Environment knobs (default in parentheses):
 #   EXP_RECIPE (the overrides above)        EXP_OUT (outputs/experiment_cpu)
 #   EXP_SEEDS ("0 1 2"; set but empty with EXP_TEST=0: train the warm-starts only)
@@ -62,7 +62,7 @@ fi
 export PYTHON HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 # The multi-turn recipe on top of configs/grpo_cpu.yaml (the demo's single-hop config), chosen on the dev
-# split (README "Does it learn?" has every candidate and what it measured):
+# split (docs/results/ has every candidate and what it measured):
 # - two search rounds, 64-token turns (at 40 a two-hop first turn is cut mid </search>), 192-token
 #   observations (at 96 the top-3 passages are cut inside the second), 600-token responses;
 # - a warm-start of 48 steps x 8 over 384 demonstrations, half of them two-hop (search the subject, then
@@ -81,7 +81,7 @@ export PYTHON HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=fal
 # - dev validated in batches of 32 questions, as the demo does.
 # EXP_RECIPE replaces it; the command line's overrides come after it and win.
 read -r -a RECIPE <<<"${EXP_RECIPE:-rollout.max_turns=2 rollout.max_tokens_per_turn=64 rollout.max_obs_length=192 rollout.max_response_length=600 rollout.max_prompt_length=1024 warmstart.two_hop_share=0.5 warmstart.n_examples=384 warmstart.steps=48 warmstart.batch_size=8 warmstart.batching=stratified warmstart.lr_schedule=linear trainer.batch_size=8 trainer.mini_batch_size=8 rollout.n=4 rollout.temperature=1.2 algorithm.drop_flat_groups=true algorithm.pg_first_turn=true algorithm.plan_kl_coef=1.0 algorithm.anchor_coef=4.0 algorithm.anchor_two_hop_share=0.5 optim.lr=1e-5 trainer.total_steps=12 trainer.val_batch_size=32}"
-# The sampler: vLLM (3x the HF sampler's rollout speed here, README "Benchmarks") when the trainer's
+# The sampler: vLLM (3x the HF sampler's rollout speed here, docs/benchmarks.md) when the trainer's
 # own lookup (rollout.vllm_python=auto: this python, $SEARCH_R1_VLLM_PYTHON, .venv-vllm from `make
 # install-vllm`) finds an interpreter with vLLM, else HF. EXP_BACKEND=hf|vllm forces one.
 BACKEND="${EXP_BACKEND:-auto}"

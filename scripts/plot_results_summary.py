@@ -1,4 +1,4 @@
-"""The README's results figure: held-out test EM per arm for the shipped recipe on the synthetic world.
+"""The results figure (README, docs/results/): held-out test EM per arm for the shipped recipe on the synthetic world.
 
     python scripts/plot_results_summary.py        # writes docs/figures/results_shipped_recipe.png
 

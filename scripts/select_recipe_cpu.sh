@@ -10,8 +10,8 @@
 # Each candidate is NAME=OVERRIDE[,OVERRIDE...]; "base=" is EXP_RECIPE unchanged. Every run goes through
 # scripts/experiment_cpu.sh with EXP_TEST=0 (dev only), so it is the same code path the experiment
 # takes; SELECT_SEEDS (default "0") and SELECT_OUT (outputs/select_recipe) are passed on, and any
-# EXP_* knob applies (EXP_STEPS, EXP_DEV_VAL, ...). Output: $SELECT_OUT/selection.md. The README's
-# "Does it learn?" lists what was tried and measured.
+# EXP_* knob applies (EXP_STEPS, EXP_DEV_VAL, ...). Output: $SELECT_OUT/selection.md. docs/results/
+# (what-did-not-work.md too) lists what was tried and measured.
 # Resources: about 20-40 minutes per candidate on 2 cores (one GRPO run plus dev validations).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -232,14 +232,13 @@ class AlgorithmConfig:
     # or two - and the first query) gets a policy gradient. false keeps those tokens' advantages at
     # 0, so RL trains the later rounds (the follow-up query, reading, the answer) and the plan stays
     # the warm-start's, held by the KL term. Why: the plan hangs on one token shared by every
-    # question, and the few groups that disagree on it walk its bias (README, "Does it learn?").
+    # question, and the few groups that disagree on it walk its bias (docs/results/).
     # true = verl's behaviour (every generated token is trained).
     pg_first_turn: bool = True
     # KL coefficient on the first generation round's tokens (the plan and the first query); null =
     # kl_coef, as every other token (verl's behaviour). A large value pulls the plan toward the
     # reference's while GRPO trains the later rounds: with pg_first_turn=false alone the plan still
-    # drifts through the weights it shares with them. At 1.0 it held in 2 of 3 seeds (README,
-    # "Does it learn?").
+    # drifts through the weights it shares with them. At 1.0 it held in 2 of 3 seeds (docs/results/).
     plan_kl_coef: Optional[float] = None
     # Supervised anchor (InstructGPT's PPO-ptx term, on demonstrations instead of pretraining text):
     # every policy update adds anchor_coef * the token-mean NLL of anchor_batch_size demonstrations
@@ -371,7 +370,7 @@ class TrainerConfig:
     # How the workers' idle OpenMP threads wait between parallel regions: N > 0 = spin N times, then
     # sleep (GOMP_SPINCOUNT); 0 = sleep at once (OMP_WAIT_POLICY=PASSIVE). 10000 against 0: sampling
     # and passes 1.3-1.5x faster on an otherwise idle machine, 1.55-1.8x slower beside another busy
-    # process; set 0 where other work keeps the cores busy (workers.worker_env; README Benchmarks).
+    # process; set 0 where other work keeps the cores busy (workers.worker_env; docs/benchmarks.md).
     omp_spincount: int = 10000
     # Seed of data order, sampling and model init.
     seed: int = 0

@@ -768,7 +768,7 @@ def worker_env(spec: WorkerSpec) -> dict[str, str]:
     Unbounded spinning wastes time slices when another process holds a core: with one busy process
     beside it libgomp's default ran those phases 12-21x slower than idle, PASSIVE 1.0-1.2x. The
     default, a bounded spin (GOMP_SPINCOUNT=10000, OMP_WAIT_POLICY unset), was within 1.0-1.1x of
-    spinning idle and 1.55-1.8x of PASSIVE under load (bench/studies/omp_wait.py; README, Benchmarks, "How a
+    spinning idle and 1.55-1.8x of PASSIVE under load (bench/studies/omp_wait.py; docs/benchmarks.md, "How a
     worker's OpenMP threads wait"). Set 0 on a machine other work keeps busy.
 
     These variables overlay the environment the actor inherits. libgomp takes GOMP_SPINCOUNT, when
