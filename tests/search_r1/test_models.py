@@ -169,12 +169,22 @@ def test_crashed_build_leaves_nothing_and_stale_format_is_rebuilt(tmp_path, monk
     assert sorted(p.name for p in root.iterdir()) == [".demo.lock", "demo"]
 
 
+@pytest.mark.parametrize("model_type", sorted(models.TINY_BY_MODEL_TYPE))
+def test_each_tiny_stand_in_is_its_model_type_with_smollm2s_tokenizer(model_type):
+    """The GPU rehearsal swaps a Qwen3/Qwen2.5/Llama checkpoint for the tiny model of the same code."""
+    model, tok = load_model_and_tokenizer(models.TINY_BY_MODEL_TYPE[model_type])
+    assert model.config.model_type == model_type
+    assert model.config.vocab_size >= len(tok) and tok.eos_token == "<|im_end|>"
+    ids = torch.tensor([tok("hello world")["input_ids"]])
+    assert torch.isfinite(model(ids).logits).all()
+
+
 # ----- the real small model ---------------------------------------------------------------------
 
 
 def test_smollm2_from_the_wheel_answers_a_chat_prompt():
     """Converted once per machine (cached under $SEARCH_R1_HOME/models); this test then takes seconds."""
-    assert set(ALIASES) == {"smollm2-135m-instruct", "tiny-random-qwen3"}
+    assert set(ALIASES) == {"smollm2-135m-instruct", *models.TINY_BY_MODEL_TYPE.values()}
     directory = Path(resolve_model_path("smollm2-135m-instruct"))
     assert (directory / "model.safetensors").is_file() and (directory / "chat_template.jinja").is_file()
     model, tok = load_model_and_tokenizer("smollm2-135m-instruct")
