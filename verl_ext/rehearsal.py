@@ -68,6 +68,8 @@ PLATFORM_KEYS = (
 # 8 workers at once ran a 24 GB machine out of memory; 192 + 224 tokens is 0.8 GB.
 PROMPT_TOKENS, TURN_TOKENS, OBS_TOKENS = 192, 32, 64
 VAL_SAMPLES = 8
+# Tokens of the stand-in's own tokenizer (small_vocab_stand_in).
+STAND_IN_VOCAB = 2048
 # Share of this machine's memory the log-prob passes' logits may take before the chunked kernel is used.
 LOG_PROB_MEMORY_SHARE = 0.4
 KEEP_LOGGERS = ("console", "tensorboard", "file")
@@ -89,7 +91,8 @@ class Change:
 
 def _short(value) -> str:
     text = str(OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    # the middle goes: a path's end (the stand-in's name) says more than its start
+    return text if len(text) <= 60 else text[:26] + "..." + text[-31:]
 
 
 def world_size(config: DictConfig) -> int:
@@ -130,8 +133,64 @@ def stand_in_model(model_path: str) -> tuple[str, str]:
     return TINY_BY_MODEL_TYPE[model_type], model_type
 
 
+def small_vocab_stand_in(model_type: str, world_dir: Path, vocab: int = STAND_IN_VOCAB) -> str:
+    """A tiny random `model_type` model with its own byte-level BPE tokenizer of `vocab` tokens, trained
+    on the synthetic world's passages and questions, with SmolLM2's ChatML template and special tokens
+    (built once under $SEARCH_R1_HOME/models). Why: every log-prob pass and update computes logits
+    over the vocabulary for each of the step's tokens; with SmolLM2's 49k tokens that was most of an
+    8-worker rehearsal's hours on 2 cores, with 1k it is a small part."""
+    import json
+
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
+
+    from search_r1.models import TINY_QWEN3_SEED, TINY_QWEN3_SHAPE, load_tokenizer
+    from search_r1.paths import model_cache_dir
+
+    out = Path(model_cache_dir()) / f"tiny-random-{model_type}-vocab{vocab}"
+    if (out / "config.json").is_file():
+        return str(out)
+    smol = load_tokenizer("smollm2-135m-instruct")
+    specials = [smol.pad_token, smol.bos_token, smol.eos_token]  # ids 0, 1, 2 as in SmolLM2
+
+    def texts():  # the passages, and the prompts as the agent loop renders them (instructions included)
+        import pandas as pd
+
+        with open(world_dir / "corpus.jsonl") as f:
+            for line in f:
+                yield json.loads(line)["contents"]
+        for name in ("train.parquet", "test.parquet"):
+            for messages in pd.read_parquet(world_dir / name, columns=["prompt"])["prompt"]:
+                yield smol.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts(), trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials,
+                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                         show_progress=False))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=specials[0], bos_token=specials[1],
+                                        eos_token=specials[2], unk_token=specials[0])
+    tokenizer.chat_template = smol.chat_template
+    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), tie_word_embeddings=True, **TINY_QWEN3_SHAPE,
+                                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                  pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_QWEN3_SEED)
+        model = AutoModelForCausalLM.from_config(config)
+    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    tmp = out.with_name(out.name + f".{os.getpid()}.part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, out)  # a reader never sees half a model directory
+    return str(out)
+
+
 def plan_changes(config: DictConfig, run_dir: Path, retriever_url: str, train_file: str, val_file: str,
-                 warm_start: bool = True) -> list[Change]:
+                 warm_start: bool = True, stand_in: str | None = None) -> list[Change]:
     """Every change from the GPU config to its CPU rehearsal (pure: reads config, returns the list)."""
     base = OmegaConf.load(BASE_CPU)
     world = world_size(config)
@@ -143,12 +202,14 @@ def plan_changes(config: DictConfig, run_dir: Path, retriever_url: str, train_fi
             changes.append(Change(key, sel(key), value, why))
 
     alias, model_type = stand_in_model(str(config.actor_rollout_ref.model.path))
+    model = stand_in or alias
+    vocab = f", a {STAND_IN_VOCAB}-token vocabulary" if stand_in else ""
     if warm_start:
-        change("actor_rollout_ref.model.path", f"${{search_r1_warmstart:{alias}}}",
-               f"a 3.2M-parameter random {model_type} (same model code), format warm-started so it searches")
+        change("actor_rollout_ref.model.path", f"${{search_r1_warmstart:{model}}}",
+               f"a tiny random {model_type} (same model code{vocab}), format warm-started so it searches")
     else:
-        change("actor_rollout_ref.model.path", f"${{search_r1_model:{alias}}}",
-               f"a 3.2M-parameter random {model_type} (same model code; it writes no tags, so it never searches)")
+        change("actor_rollout_ref.model.path", f"${{search_r1_model:{model}}}",
+               f"a tiny random {model_type} (same model code{vocab}; it writes no tags, so it never searches)")
     for key in PLATFORM_KEYS:
         change(key, OmegaConf.select(base, key), "CPU platform, as configs/verl_cpu/base.yaml")
     # the reference is built with an optimizer on CPU (base.yaml header): the actor's, never stepped
@@ -177,10 +238,10 @@ def plan_changes(config: DictConfig, run_dir: Path, retriever_url: str, train_fi
     # entropy). When that cannot fit, verl's own chunked torch kernel computes the same log-probs and
     # entropy 512 tokens at a time (model.use_fused_kernels, impl_backend torch); the micro-batches,
     # the thing rehearsed, are unchanged.
-    if _log_prob_memory_gb(config, world) > LOG_PROB_MEMORY_SHARE * _total_memory_gb():
+    need = _log_prob_memory_gb(config, world, stand_in)
+    if need > LOG_PROB_MEMORY_SHARE * _total_memory_gb():
         change("actor_rollout_ref.model.use_fused_kernels", True,
-               f"memory: {world} workers' logits at once would need ~{_log_prob_memory_gb(config, world):.0f} GB; "
-               f"verl's chunked torch log-prob kernel")
+               f"memory: {world} workers' logits at once would need ~{need:.0f} GB; verl's chunked torch log-prob kernel")
         change("actor_rollout_ref.model.fused_kernel_options.impl_backend", "torch", "verl's chunked torch kernel")
     # nucleus sampling sorts the whole vocabulary (49k for the stand-in's tokenizer) at every sampled
     # token: on 2 CPU cores most of a 2,400-trajectory rollout. No batch or micro-batch depends on it.
@@ -201,7 +262,7 @@ def plan_changes(config: DictConfig, run_dir: Path, retriever_url: str, train_fi
     return changes
 
 
-def _log_prob_memory_gb(config: DictConfig, world: int) -> float:
+def _log_prob_memory_gb(config: DictConfig, world: int, stand_in: str | None = None) -> float:
     """Peak float32 logits of the old-log-prob pass on all workers at once, at the rehearsal's lengths:
     workers x micro-batch x tokens x vocabulary x 4 bytes x ~4 live copies (logits, softmax, their
     product for the entropy, log-softmax)."""
@@ -210,7 +271,7 @@ def _log_prob_memory_gb(config: DictConfig, world: int) -> float:
     micro = int(OmegaConf.select(config, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu") or 1)
     turns = int(config.search_r1.max_turns)
     tokens = PROMPT_TOKENS + (turns + 1) * TURN_TOKENS + turns * OBS_TOKENS
-    vocab = len(load_tokenizer("tiny-random-qwen3"))  # every stand-in uses SmolLM2's tokenizer
+    vocab = STAND_IN_VOCAB if stand_in else len(load_tokenizer("tiny-random-qwen3"))
     return world * micro * tokens * vocab * 4 * 4 / 2**30
 
 
@@ -329,8 +390,9 @@ def rehearse(config: DictConfig, source: str, warm_start: bool = True, check_sch
                            flags=["--torch-threads", "1", "--faiss-threads", "1"])
     server.start()
     try:
+        stand_in = small_vocab_stand_in(stand_in_model(str(config.actor_rollout_ref.model.path))[1], world_dir)
         changes = plan_changes(config, run_dir, server.url, str(world_dir / "train.parquet"),
-                               str(world_dir / "test.parquet"), warm_start=warm_start)
+                               str(world_dir / "test.parquet"), warm_start=warm_start, stand_in=stand_in)
         cfg = apply_changes(config, changes)
         say(f"{source} on {world} training worker(s) (trainer.nnodes x n_gpus_per_node), batch "
             f"{cfg.data.train_batch_size} x rollout.n {cfg.actor_rollout_ref.rollout.n}; changed for this CPU:")
@@ -366,8 +428,8 @@ def rehearse(config: DictConfig, source: str, warm_start: bool = True, check_sch
                     say(f"rehearsal failed in phase train: no step-1 metrics or no checkpoint of step 1 in {ckpt}")
                     return 1
                 shards = sorted((ckpt / "global_step_1" / "actor").glob("model_world_size_*_rank_*.pt"))
-                lines.append(f"1 step ({m.get('env/searches_mean', '?')} searches per trajectory, "
-                             f"{len(shards)} actor shards saved)")
+                searches = float(re.sub(r"^np\.\w+\((.*)\)$", r"\1", m.get("env/searches_mean", "nan")))
+                lines.append(f"1 step ({searches:.2f} searches per trajectory, {len(shards)} actor shards saved)")
             else:
                 if f"[search_r1] resumed from" not in log:
                     say("rehearsal failed in phase resume: the run did not resume the step-1 checkpoint")

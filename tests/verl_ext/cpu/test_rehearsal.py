@@ -6,6 +6,8 @@ key. (The full 8-worker rehearsal of the shipped grpo_verl is a command, not a t
 verl-gpu.md has its wall time and memory.)"""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from verl_ext.recipe import ScheduleError, recipe_lines
@@ -40,5 +42,6 @@ def test_rehearsal_catches_a_log_prob_micro_batch_that_does_not_divide_the_share
     assert f"{KEY}=2 does not divide" in verdict[-1] and "Fix:" in verdict[-1]
     # it said what it changed for the CPU, with both values
     assert "  trainer.n_gpus_per_node" not in out  # the geometry is the config's own: not a change
-    assert "  actor_rollout_ref.model.path: Qwen/Qwen3-4B -> ${search_r1_model:tiny-random-qwen3}" in out
+    # the stand-in: a tiny random Qwen3 with its own 2,048-token vocabulary (the log-prob passes' cost)
+    assert re.search(r"  actor_rollout_ref.model.path: Qwen/Qwen3-4B -> \$\{search_r1_model:\S*tiny-random-qwen3-vocab2048\}", out)
     assert "  actor_rollout_ref.rollout.name: vllm -> hf" in out
