@@ -9,11 +9,13 @@
 #   bash scripts/train_grpo.sh --config-name grpo_verl -m actor_rollout_ref.actor.optim.lr=1e-6,3e-6
 #   bash scripts/train_grpo.sh --dry-run --config-name grpo_verl # check + print the resolved config, exit
 #   bash scripts/train_grpo.sh --rehearse --config-name grpo_verl # run it on CPU at its own geometry
+#   bash scripts/train_grpo.sh --config-name ppo_verl            # GPUs: PPO with a critic, as upstream's train_ppo.sh
 #   bash scripts/train_grpo.sh --config-name grpo_verl_cpu       # verl's trainer on CPU, tiny model
 #   bash scripts/train_grpo.sh --config-name grpo_verl_cpu_vllm  # ... with verl's vLLM server (.venv-vllm)
 #
 # Which trainer runs:
 #   --config-name grpo_verl*          verl's own trainer (python -m verl_ext.main), any machine
+#   --config-name ppo_verl*           the same, PPO with a critic (configs/ppo_verl.yaml)
 #   no --config-name, GPU visible     verl's trainer with configs/grpo_verl.yaml
 #   no --config-name, no GPU          the embedded CPU trainer (python -m search_r1.trainer.main,
 #                                     configs/grpo_cpu.yaml); 2 cores / 8 GB are enough
@@ -78,7 +80,7 @@ n_gpus=0
 if [[ "${SEARCH_R1_FORCE_CPU:-0}" != "1" ]]; then n_gpus="$(gpu_count)"; fi
 
 verl=0
-if [[ "$config_name" == grpo_verl* ]]; then
+if [[ "$config_name" == grpo_verl* || "$config_name" == ppo_verl* ]]; then
   verl=1
 elif [[ -z "$config_name" && ( "$n_gpus" -gt 0 || "$rehearse" == "1" ) ]]; then
   verl=1
@@ -119,7 +121,7 @@ fi
 
 offline
 if [[ "$rehearse" == "1" ]]; then
-  echo "[train_grpo] --rehearse is for verl configs (--config-name grpo_verl...), not $config_name" >&2
+  echo "[train_grpo] --rehearse is for verl configs (--config-name grpo_verl... or ppo_verl...), not $config_name" >&2
   exit 2
 fi
 if [[ "$dry_run" == "1" ]]; then

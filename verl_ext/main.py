@@ -113,31 +113,40 @@ def check_ray_env_vars(config: DictConfig) -> None:
 
 
 def check_attention(config: DictConfig) -> str | None:
-    """The attention kernel verl will build the actor and reference with; an error message naming the
-    keys and the fix when it is a FlashAttention one and its package cannot be imported here (verl's
+    """The attention kernels verl will build the actor and reference (and a critic) with; an error message
+    naming the keys and the fix when it is a FlashAttention one and its package cannot be imported here (verl's
     workers would raise ImportError in init_model, after Ray and the rollout servers started)."""
     import importlib.util
 
-    from verl_ext.recipe import attention
+    from verl_ext.recipe import attention, uses_critic
 
-    impl, packed = attention(config)
+    models = [("actor_rollout_ref.model", attention(config))]
+    if uses_critic(config):  # the critic builds its own model from critic.model
+        critic = config.critic.model
+        models.append(("critic.model", (str((critic.get("override_config") or {}).get("attn_implementation",
+                                                                                       "flash_attention_2")),
+                                        bool(critic.get("use_remove_padding", False)))))
     modules = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
-    module = modules.get(impl)
-    if module is None or importlib.util.find_spec(module) is not None:
-        return None
-    return (f"actor_rollout_ref.model.override_config.attn_implementation={impl} (verl's default when unset) "
-            f"needs the `{module}` package, which this python cannot import; verl's workers would fail in "
-            f"init_model. Fix: pip install flash-attn --no-build-isolation (a build for the installed torch), "
-            f"or actor_rollout_ref.model.override_config.attn_implementation=sdpa"
-            + (" actor_rollout_ref.model.use_remove_padding=false" if packed else ""))
+    for key, (impl, packed) in models:
+        module = modules.get(impl)
+        if module is None or importlib.util.find_spec(module) is not None:
+            continue
+        return (f"{key}.override_config.attn_implementation={impl} (verl's default when unset) "
+                f"needs the `{module}` package, which this python cannot import; verl's workers would fail in "
+                f"init_model. Fix: pip install flash-attn --no-build-isolation (a build for the installed torch), "
+                f"or {key}.override_config.attn_implementation=sdpa"
+                + (f" {key}.use_remove_padding=false" if packed else ""))
+    return None
 
 
 def check_config(config: DictConfig, dry_run: bool = False) -> list[str]:
     """Every check that needs no GPU and no Ray; returns warnings, raises ConfigError on errors."""
+    from hydra.errors import InstantiationException
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
     from verl_ext.agent_loop import SearchR1Settings
+    from verl_ext.recipe import typed_critic
 
     warnings = []
     if config.trainer.device == "cuda" and not dry_run:
@@ -160,9 +169,14 @@ def check_config(config: DictConfig, dry_run: bool = False) -> list[str]:
     if problem:
         warnings.append(problem)
     try:
-        validate_config(config=config, use_reference_policy=need_reference_policy(config),
-                        use_critic=need_critic(config))
-    except (AssertionError, ValueError) as err:
+        # verl's validate_config builds the typed critic config with its model, and HFModelConfig loads
+        # the model's config and tokenizer (a download for a hub id, an error offline); the critic's
+        # part of validate_config runs here on the typed config without the model (typed_critic).
+        validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=False)
+        if need_critic(config):
+            n_gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+            typed_critic(config).validate(n_gpus, config.data.train_batch_size)
+    except (AssertionError, ValueError, InstantiationException) as err:  # the last: a typed config's __post_init__
         raise ConfigError(f"verl's validate_config rejected the config: {err}") from None
     for key in ("data.train_files", "data.val_files"):
         files = OmegaConf.select(config, key)

@@ -10,7 +10,8 @@ what a GPU run would have:
 
     kept       one training worker per GPU of trainer.nnodes x n_gpus_per_node (the data-parallel
                world verl balances the batch over), train batch, rollout.n, mini-batch, every
-               micro-batch, epochs, the checkpoint, resume and console/TensorBoard logging settings,
+               micro-batch (the critic's too, for a config with one: verl's critic worker on the same
+               workers), epochs, the checkpoint, resume and console/TensorBoard logging settings,
                the agent loop, reward, estimator and trainer mode (verl's plugins in fresh workers)
     shrunk     (each printed, GPU value -> CPU value) the model (a tiny random model of the same
                architecture family, after the project's format warm-start so it searches), prompt /
@@ -39,6 +40,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl_ext.recipe import uses_critic
+
 REPO = Path(__file__).resolve().parents[1]
 BASE_CPU = Path(__file__).parent / "configs" / "verl_cpu" / "base.yaml"
 CONFIG_NAME = "rehearsal"
@@ -62,6 +65,18 @@ PLATFORM_KEYS = (
     "trainer.device",
     "data.dataloader_num_workers",
 )
+# The same for a config with a critic (verl's critic worker builds its own model and FSDP engine from
+# critic.model and critic.fsdp): the platform keys of base.yaml's `critic:` block.
+CRITIC_PLATFORM_KEYS = (
+    "critic.strategy",
+    "critic.model.use_remove_padding",
+    "critic.model.override_config.attn_implementation",
+    "critic.fsdp.use_torch_compile",
+    "critic.fsdp.param_offload",
+    "critic.fsdp.optimizer_offload",
+    "critic.fsdp.mixed_precision",
+)
+ACTOR_PATH = "${actor_rollout_ref.model.path}"
 # Rehearsal lengths: synthetic-world prompts are ~150 tokens; short turns and observations, the response
 # budget as the turns need them. The padded length sets the log-prob passes' memory: a micro-batch of
 # 10 x 704 tokens x the stand-in's 49k vocabulary is 1.4 GB of float32 logits per training worker, and
@@ -212,6 +227,15 @@ def plan_changes(config: DictConfig, run_dir: Path, retriever_url: str, train_fi
                f"a tiny random {model_type} (same model code{vocab}; it writes no tags, so it never searches)")
     for key in PLATFORM_KEYS:
         change(key, OmegaConf.select(base, key), "CPU platform, as configs/verl_cpu/base.yaml")
+    if uses_critic(config):
+        # the critic runs on the actor's stand-in (same model code, a value head on top), as a critic of
+        # the same model does on the GPU; an interpolation of the actor's path already follows it
+        raw = OmegaConf.to_container(config.critic.model, resolve=False).get("path")
+        if raw != ACTOR_PATH:
+            changes.append(Change("critic.model.path", raw, ACTOR_PATH,
+                                  "the critic on the actor's stand-in (a value head on the tiny model)"))
+        for key in CRITIC_PLATFORM_KEYS:
+            change(key, OmegaConf.select(base, key), "CPU platform for the critic, as configs/verl_cpu/base.yaml")
     # the reference is built with an optimizer on CPU (base.yaml header): the actor's, never stepped
     change("actor_rollout_ref.ref.optim", sel("actor_rollout_ref.actor.optim"),
            "CPU platform: the reference is not forward-only (pin_memory needs an accelerator)")
@@ -303,6 +327,8 @@ def write_config(cfg: DictConfig, run_dir: Path) -> Path:
 _DIVISIBLE = "data size must be divisible by force_group_size * micro_batch_size_per_gpu"
 # verl worker method in the traceback -> (pass, config key of its micro-batch)
 _PASSES = (
+    ("_update_critic", "critic update", "critic.ppo_micro_batch_size_per_gpu"),
+    ("_compute_values", "critic values", "critic.forward_micro_batch_size_per_gpu"),
     ("compute_ref_log_prob", "reference log-prob", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"),
     ("update_actor", "actor update", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
     ("compute_log_prob", "old-log-prob", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"),
@@ -315,11 +341,12 @@ def diagnose(log: str, config: DictConfig) -> str:
         at = log.index(_DIVISIBLE)
         window = log[max(0, at - 20000):at]
         name, key = next(((n, k) for method, n, k in _PASSES if method in window),
-                         ("a", "the micro-batch keys (actor.ppo_micro_batch_size_per_gpu, rollout./ref.log_prob_micro_batch_size_per_gpu)"))
+                         ("a", "the micro-batch keys (actor.ppo_micro_batch_size_per_gpu, rollout./ref.log_prob_micro_batch_size_per_gpu,"
+                          " critic.ppo_/forward_micro_batch_size_per_gpu)"))
         world = world_size(config)
         share = int(config.data.train_batch_size) * int(config.actor_rollout_ref.rollout.n)
         per_rank = math.ceil(share / world)
-        value = OmegaConf.select(config, key, default=None) if key.startswith("actor_rollout_ref") else None
+        value = OmegaConf.select(config, key, default=None) if key.startswith(("actor_rollout_ref", "critic")) else None
         return (f"verl's engine stopped the {name} pass: each of the {world} data-parallel workers got about "
                 f"{per_rank} trajectories ({share} / {world}), which {key}={value} does not divide "
                 f"(AssertionError: {_DIVISIBLE}). Fix: {key}=D with D a divisor of the share, or the matching "

@@ -20,24 +20,33 @@ from search_r1.rollout.backends import SamplingParams
 REPO = Path(__file__).resolve().parents[2]
 
 
-@functools.lru_cache(maxsize=1)
-def _composed_grpo_verl():
+@functools.lru_cache(maxsize=2)
+def _composed(name: str):
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
-        return compose("grpo_verl")
+        return compose(name)
+
+
+def _config(name: str, overrides: dict):
+    from search_r1.models import resolve_model_path
+
+    cfg = OmegaConf.create(OmegaConf.to_container(_composed(name), resolve=False))
+    OmegaConf.update(cfg, "actor_rollout_ref.model.path", resolve_model_path("tiny-random-qwen3"))
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key.replace("__", "."), value, force_add=True)
+    return cfg
 
 
 def verl_config(**overrides):
     """configs/grpo_verl.yaml composed with verl's ppo_trainer (cached), plus dotted `overrides`
     (keys with `__` for dots: actor_rollout_ref__rollout__prompt_length=64). A fresh copy per call."""
-    from search_r1.models import resolve_model_path
+    return _config("grpo_verl", overrides)
 
-    cfg = OmegaConf.create(OmegaConf.to_container(_composed_grpo_verl(), resolve=False))
-    OmegaConf.update(cfg, "actor_rollout_ref.model.path", resolve_model_path("tiny-random-qwen3"))
-    for key, value in overrides.items():
-        OmegaConf.update(cfg, key.replace("__", "."), value, force_add=True)
-    return cfg
+
+def ppo_config(**overrides):
+    """configs/ppo_verl.yaml, as verl_config (its critic follows the actor's tiny model by interpolation)."""
+    return _config("ppo_verl", overrides)
 
 
 class _Method:

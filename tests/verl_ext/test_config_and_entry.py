@@ -161,6 +161,11 @@ def test_script_routes_each_case(tmp_path):
     assert route(tmp_path, "--dry-run", "--config-name", "grpo_verl") == \
         ["-m", "verl_ext.main", "--dry-run", "--config-name", "grpo_verl"]
     assert route(tmp_path, "--config-name=grpo_verl_cpu", gpus=2) == ["-m", "verl_ext.main", "--config-name=grpo_verl_cpu"]
+    # PPO with a critic goes to verl's trainer too, with the GPU count
+    assert route(tmp_path, "--config-name", "ppo_verl", gpus=4) == \
+        ["-m", "verl_ext.main", "--config-name", "ppo_verl", "trainer.n_gpus_per_node=4"]
+    assert route(tmp_path, "--dry-run", "--config-name=ppo_verl") == \
+        ["-m", "verl_ext.main", "--dry-run", "--config-name=ppo_verl"]
     # *_cpu_* configs are CPU configs too: no GPU count added
     assert route(tmp_path, "--config-name", "grpo_verl_cpu_vllm", gpus=2) == \
         ["-m", "verl_ext.main", "--config-name", "grpo_verl_cpu_vllm"]

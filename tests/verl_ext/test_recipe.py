@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from verl_ext.recipe import (CARD_FILE, DECLARED, LINES, UPSTREAM, ScheduleError, format_card, recipe_card,
-                             recipe_lines)
+from verl_ext.recipe import (CARD_FILE, CRITIC_LINES, DECLARED, DECLARED_PPO, LINES, UPSTREAM, UPSTREAM_PPO,
+                             ScheduleError, card_lines, format_card, recipe_card, recipe_lines)
 
-from tests.verl_ext.helpers import REPO, verl_config
+from tests.verl_ext.helpers import REPO, ppo_config, verl_config
 
 
 def by_key(lines):
@@ -167,3 +167,102 @@ def test_the_attention_line_declares_sdpa_and_the_switch():
     flash = by_key(recipe_lines(verl_config(actor_rollout_ref__model__override_config__attn_implementation="flash_attention_2",
                                             actor_rollout_ref__model__use_remove_padding=True)))
     assert not flash["attention"].differs  # the declared switch restores upstream's
+
+
+# -- ppo_verl: upstream's train_ppo.sh, the critic's schedule ----------------------------------------
+def test_ppo_verl_equals_upstream_ppo_on_every_undeclared_line():
+    """ppo_verl's card is beside train_ppo.sh's values (not train_grpo.sh's), with the critic's lines."""
+    lines = recipe_lines(ppo_config())
+    assert [x.key for x in lines] == [k for k, _ in card_lines(True)]
+    assert set(UPSTREAM_PPO) == {k for k, _ in LINES + CRITIC_LINES}
+    declared = {k for d in DECLARED_PPO for k in d.keys}
+    undeclared = [(x.label, x.ours, x.upstream) for x in lines if x.differs and x.key not in declared]
+    assert not undeclared, undeclared
+    stale = sorted(declared - {x.key for x in lines if x.differs})
+    assert not stale, f"declared differences that are not differences: {stale}"
+    v = {k: x.ours for k, x in by_key(lines).items()}
+    # 512 prompts x n 1; mini-batch 256 -> 2 updates (upstream the same); 256 / 8 GPUs = 32 per GPU in 4s -> 8;
+    # each GPU's 512 / 8 = 64 trajectories in log-prob micro-batches of 8 -> 8
+    assert (v["prompts_per_step"], v["group_size"], v["trajectories_per_step"], v["updates_per_step"],
+            v["trajectories_per_update"]) == ("512", "1", "512", "2", "256")
+    assert v["micro_batches"] == "8 x 4 trajectories (8 GPUs)"
+    assert v["log_prob_micro_batches"] == "old-log-prob 8 x 8, reference 8 x 8 trajectories (8 GPUs)"
+    # int(0.95 x 305) = 289 actor warmup steps; int(0.05 x 305) = 15 for the critic (upstream's ratios)
+    assert v["lr"] == "1e-06, linear warmup over 289 steps, then constant"
+    assert v["critic_lr"] == "1e-05, linear warmup over 15 steps, then constant"
+    assert (v["kl"], v["critic_model"], v["critic_updates"]) == \
+        ("kl in the reward, fixed coef 0.001", "the actor's model + value head", "2 x 256 trajectories")
+    # the critic: 32 per GPU per update in 4s, the values pass over each GPU's 64 in 8s
+    assert v["critic_micro_batches"] == "update 8 x 4, values 8 x 8 trajectories (8 GPUs)"
+    # verl's GAE and value loss, run on a probe with an observation token, skip it
+    assert v["advantage"] == "GAE: gamma 1, lambda 1, whitened; observation tokens skipped"
+    assert v["value_loss"].endswith("token-mean over each mini-batch; observation tokens skipped")
+    card = recipe_card(ppo_config(), "ppo_verl")
+    assert "upstream Search-R1's train_ppo.sh on 4 GPUs" in card.splitlines()[0]
+    assert "Deliberate differences of configs/ppo_verl.yaml:" in card and "Other differences" not in card
+    # the GRPO card keeps its own lines and upstream
+    assert "critic" not in recipe_card(verl_config(), "grpo_verl")
+
+
+def test_ppo_micro_batch_switch_gives_upstreams_lines():
+    """The declared switch (4 GPUs, upstream's micro-batches per GPU) makes all three micro-batch lines
+    equal upstream's: the card computes them the way upstream's early verl split them."""
+    switch = next(d.switch for d in DECLARED_PPO if "critic_micro_batches" in d.keys)
+    overrides = {k.replace(".", "__"): int(v) for k, v in (item.split("=") for item in switch.split())}
+    lines = by_key(recipe_lines(ppo_config(**overrides)))
+    assert [lines[k].differs for k in ("micro_batches", "log_prob_micro_batches", "critic_micro_batches")] == \
+        [False, False, False]
+
+
+@pytest.mark.parametrize("gpus, update, share", [(1, 256, 512), (2, 128, 256), (4, 64, 128), (8, 32, 64), (16, 16, 32)])
+def test_shipped_critic_micro_batches_divide_every_world_size(gpus, update, share):
+    """ppo_verl's critic micro-batches (4 per update, 8 per values pass) divide each GPU's share on 1..16
+    GPUs, through verl's prepare_micro_batches with the sizes of verl's typed critic engine config."""
+    nodes = {"trainer__nnodes": 2, "trainer__n_gpus_per_node": 8} if gpus == 16 else {"trainer__n_gpus_per_node": gpus}
+    lines = by_key(recipe_lines(ppo_config(**nodes)))
+    assert lines["critic_micro_batches"].ours == \
+        f"update {update // 4} x 4, values {share // 8} x 8 trajectories ({gpus} GPUs)"
+    assert lines["micro_batches"].ours == f"{update // 4} x 4 trajectories ({gpus} GPUs)"
+
+
+@pytest.mark.parametrize("override, message", [
+    # 256 / 8 GPUs = 32 per GPU per critic update; 32 % 3 != 0
+    ({"critic__ppo_micro_batch_size_per_gpu": 3},
+     r"critic.ppo_micro_batch_size_per_gpu=3 \(critic.fsdp.micro_batch_size_per_gpu, what verl's critic worker "
+     r"reads\) does not divide the 32 trajectories each GPU gets per critic update.*the critic's update pass"),
+    # each GPU's share of the step: 512 / 8 = 64; 64 % 5 != 0
+    ({"critic__forward_micro_batch_size_per_gpu": 5},
+     r"critic.forward_micro_batch_size_per_gpu=5 .* does not divide the 64 trajectories each GPU gets per step "
+     r"\(512 / 8\).*the critic's values pass"),
+    # 2 x 8 GPUs: 256 / 16 = 16 per GPU per update; 16 % 32 != 0
+    ({"trainer__nnodes": 2, "critic__ppo_micro_batch_size_per_gpu": 32}, r"=32 .*does not divide the 16 trajectories"),
+    # 100 trajectories per critic update over 8 GPUs
+    ({"critic__ppo_mini_batch_size": 100},
+     r"critic.ppo_mini_batch_size=100 x rollout.n=1 = 100 trajectories per critic update is not divisible by the 8"),
+])
+def test_a_critic_schedule_verl_would_reject_fails_before_ray(override, message):
+    with pytest.raises(ScheduleError, match=message):
+        recipe_lines(ppo_config(**override))
+
+
+def test_the_critic_line_shows_what_verls_critic_worker_runs():
+    """verl 0.9.1's v1 trainer builds the critic worker from critic.fsdp (an engine config whose
+    use_dynamic_bsz defaults to true) and does not copy critic.ppo_micro_batch_size_per_gpu into it:
+    without ppo_verl's three wiring lines the critic runs token-budgeted micro-batches, and the card
+    says so instead of checking a micro-batch nobody reads."""
+    dynamic = by_key(recipe_lines(ppo_config(critic__fsdp__use_dynamic_bsz=True,
+                                             critic__ppo_micro_batch_size_per_gpu=3)))
+    assert dynamic["critic_micro_batches"].ours == "dynamic, <= 32768 tokens each (8 GPUs)"
+    with pytest.raises(ScheduleError, match=r"critic.fsdp.micro_batch_size_per_gpu is not set"):
+        recipe_lines(ppo_config(critic__fsdp__micro_batch_size_per_gpu=None))
+
+
+def test_dry_run_path_refuses_a_bad_critic_micro_batch():
+    """What verl_ext.main --dry-run runs before printing the card: the config checks pass (verl's own
+    critic validation included, without downloading the critic model), the card refuses the schedule."""
+    from verl_ext.main import check_config
+
+    cfg = ppo_config(critic__ppo_micro_batch_size_per_gpu=6)
+    assert all("does not exist" in w for w in check_config(cfg, dry_run=True))
+    with pytest.raises(ScheduleError, match=r"critic.ppo_micro_batch_size_per_gpu=6"):
+        recipe_card(cfg, "ppo_verl")

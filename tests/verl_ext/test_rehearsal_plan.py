@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from verl_ext.rehearsal import apply_changes, diagnose, plan_changes, stand_in_model
 
-from tests.verl_ext.helpers import verl_config
+from tests.verl_ext.helpers import ppo_config, verl_config
 
 GEOMETRY = ("data.train_batch_size", "actor_rollout_ref.rollout.n", "actor_rollout_ref.actor.ppo_mini_batch_size",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_epochs",
@@ -95,3 +95,51 @@ def test_a_failed_log_names_the_key():
     ref_log = log.replace("_compute_old_log_prob", "_compute_ref_log_prob").replace("compute_log_prob(", "compute_ref_log_prob(")
     assert "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu" in diagnose(ref_log, cfg)
     assert diagnose("boom\nValueError: something odd\n", cfg).startswith("ValueError: something odd")
+
+
+CRITIC_GEOMETRY = ("critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu",
+                   "critic.forward_micro_batch_size_per_gpu", "critic.fsdp.use_dynamic_bsz",
+                   "critic.fsdp.micro_batch_size_per_gpu", "critic.fsdp.infer_micro_batch_size_per_gpu",
+                   "critic.optim.lr", "critic.optim.lr_warmup_steps_ratio", "critic.cliprange_value",
+                   "algorithm.gamma", "algorithm.lam", "algorithm.use_kl_in_reward", "trainer.critic_warmup")
+
+
+def test_ppo_plan_keeps_the_critics_geometry_and_puts_it_on_the_stand_in():
+    gpu = ppo_config()
+    gpu.actor_rollout_ref.model.path = "Qwen/Qwen2.5-3B-Instruct"
+    changes, cpu = plan(gpu)
+    for key in GEOMETRY + CRITIC_GEOMETRY:
+        assert OmegaConf.select(cpu, key) == OmegaConf.select(gpu, key), key
+        assert key not in changes, key
+    # the critic follows the actor's path by interpolation: the actor's stand-in, no change of its own
+    assert "critic.model.path" not in changes
+    assert OmegaConf.to_container(cpu.critic.model, resolve=False)["path"] == "${actor_rollout_ref.model.path}"
+    assert changes["actor_rollout_ref.model.path"].cpu == "${search_r1_warmstart:tiny-random-qwen2}"
+    # the critic's CPU platform keys, as the actor's: FSDP2, no compile, no offload (FSDP2's offload
+    # policy pins memory), float32
+    assert (changes["critic.strategy"].gpu, changes["critic.strategy"].cpu) == ("fsdp", "fsdp2")
+    assert (cpu.critic.fsdp.param_offload, cpu.critic.fsdp.optimizer_offload, cpu.critic.fsdp.use_torch_compile) == \
+        (False, False, False)
+    assert OmegaConf.to_container(cpu.critic.fsdp.mixed_precision) == \
+        {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    model = cpu.critic.model
+    assert (model.use_remove_padding, model.override_config.attn_implementation) == (False, "sdpa")
+    # a critic of another model: put on the actor's stand-in, and listed
+    other, cpu = plan(ppo_config(critic__model__path="Qwen/Qwen2.5-7B-Instruct"))
+    assert (other["critic.model.path"].gpu, other["critic.model.path"].cpu) == \
+        ("Qwen/Qwen2.5-7B-Instruct", "${actor_rollout_ref.model.path}")
+    # a config without a critic gets no critic changes
+    assert not [k for k in plan(verl_config())[0] if k.startswith("critic.")]
+
+
+def test_a_failed_critic_pass_names_the_critic_key():
+    cfg = ppo_config(trainer__n_gpus_per_node=4, critic__ppo_micro_batch_size_per_gpu=3)
+    log = ("(TaskRunnerV1) File \".../trainer_base.py\", line 1818, in _update_critic\n"
+           "    output: DataProtoFuture = self.critic_wg.train_mini_batch(batch)\n"
+           "AssertionError: data size must be divisible by force_group_size * micro_batch_size_per_gpu\n")
+    text = diagnose(log, cfg)
+    assert text.startswith("verl's engine stopped the critic update pass")
+    assert "critic.ppo_micro_batch_size_per_gpu=3 does not divide" in text
+    values = diagnose(log.replace("_update_critic", "_compute_values"), cfg)
+    assert values.startswith("verl's engine stopped the critic values pass")
+    assert "critic.forward_micro_batch_size_per_gpu=8 does not divide" in values
