@@ -197,11 +197,18 @@ CONFIG_FILES = (
      "`verl/trainer/config/ppo_trainer.yaml` (in the installed verl package). The `search_r1:` group "
      "is ours: `verl_ext/agent_loop.py` `SearchR1Settings` reads it and rejects unknown keys.",
      "verl"),
+    ("verl_ext/configs/ppo_verl.yaml", "verl trainer on GPUs, PPO with a critic: `configs/ppo_verl.yaml`",
+     "`bash scripts/train_grpo.sh --config-name ppo_verl`: upstream Search-R1's `train_ppo.sh` on verl "
+     "0.9.1 (GAE, a critic of the actor's model with its own lr and warmup, the KL in the reward, one "
+     "trajectory per prompt). Composed like `grpo_verl.yaml`: verl's `ppo_trainer` with only these keys "
+     "set, every other key verl's default; the `search_r1:` group is ours.",
+     "verl"),
     ("verl_ext/configs/verl_cpu/base.yaml", "verl on CPU, shared settings: `verl_ext/configs/verl_cpu/base.yaml`",
      "The settings a CPU-only host needs to run verl's trainer (`verl_ext/cpu`), shared by "
      "`grpo_verl_cpu.yaml` and `grpo_verl_cpu_vllm.yaml`; not launchable by itself. On top of verl's "
      "`ppo_trainer`; unlisted keys keep verl's defaults. The `warmstart:` group configures the "
-     "`${search_r1_warmstart:NAME}` resolver (fields of the embedded trainer's `warmstart` section).",
+     "`${search_r1_warmstart:NAME}` resolver (fields of the embedded trainer's `warmstart` section). The "
+     "`critic:` group applies only to a config with a critic (`algorithm.adv_estimator=gae`).",
      "verl"),
     ("verl_ext/configs/grpo_verl_cpu.yaml", "verl on CPU, tiny model: `configs/grpo_verl_cpu.yaml`",
      "`bash scripts/train_grpo.sh --config-name grpo_verl_cpu`: exactly `verl_cpu/base.yaml` on verl's "
