@@ -1,10 +1,12 @@
-"""scripts/experiment_cpu.sh end to end on a tiny model: every phase runs and writes what the README
-reads, and a finished GRPO run is reused only when its arguments are unchanged."""
+"""scripts/experiment_cpu.sh end to end on a tiny model: every phase runs and writes what the results
+pages read, and a finished GRPO run is reused only when its arguments are unchanged (one run shared by
+three tests, each within its time budget)."""
 import json
 import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -64,22 +66,45 @@ def test_empty_seeds_with_a_test_phase_fail_before_any_work(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.slow
-def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world, tmp_path):
+@dataclass
+class Experiment:
+    """The script's first run (the warm-starts and GRPO seed 0, no test phase) that the tests below
+    rerun, in file order: the first with the same arguments and the test phase, the second with changed
+    settings and a second seed."""
+    out: Path
+    world: Path
+    home: Path
+    log: str
+
+
+@pytest.fixture(scope="module")
+def experiment(synth_world, tmp_path_factory) -> Experiment:
+    tmp_path = tmp_path_factory.mktemp("experiment")
     world = tmp_path / "world"  # the script builds the BM25 index inside the data directory
     shutil.copytree(synth_world, world)
     out, home = tmp_path / "out", tmp_path / "home"
+    return Experiment(out, world, home, run_experiment(out, world, home, EXP_TEST=0))
 
-    log = run_experiment(out, world, home)
+
+@pytest.mark.slow
+def test_experiment_runs_every_phase_reusing_the_identical_run(experiment):
+    out = experiment.out
+    run = out / "grpo_auto_seed0"
+    # Same arguments: the finished run is reused, not retrained (its metrics are untouched); this run
+    # adds the test phase (EXP_TEST=1, the default), which reads the reused model.
+    before = (run / "metrics.jsonl").read_text()
+    log = run_experiment(out, experiment.world, experiment.home)
+    assert "reusing the finished run" in log
+    assert (run / "metrics.jsonl").read_text() == before
     assert "rollout.backend=hf" in log
+    first = experiment.log  # the run that trained: what GRPO trained on
     # The shipped recipe trains GRPO on both kinds, every two-hop question three times and every
     # single-hop one once (EXP_GRPO_SOURCES unset), never on a dev question.
     import collections
     import re
 
     import pyarrow.parquet as pq
-    assert "GRPO prompts:" in log
-    run = out / "grpo_auto_seed0"
+    assert "GRPO prompts:" in first
     record = (run / "exp_args.txt").read_text()
     grpo_file = out / "data" / "train_grpo.parquet"
     train = pq.read_table(out / "data" / "train.parquet").to_pylist()  # the training questions minus dev
@@ -91,8 +116,8 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
     assert sorted(r["id"] for r in grpo) == sorted(r["id"] for r in train for _ in range(weight[r["data_source"]]))
     assert f"data.train_files=['{grpo_file}']" in record
     # ... with the supervised anchor at coefficient 4 on demonstrations of both kinds, half two-hop
-    anchor = re.search(r"supervised anchor: (\d+) demonstrations \((\d+) two-hop\).* at coefficient 4\.0", log)
-    assert anchor and int(anchor[2]) > 0, log[-3000:]
+    anchor = re.search(r"supervised anchor: (\d+) demonstrations \((\d+) two-hop\).* at coefficient 4\.0", first)
+    assert anchor and int(anchor[2]) > 0, first[-3000:]
     assert "algorithm.anchor_coef=4.0" in record and "algorithm.anchor_two_hop_share=0.5" in record
     for arm in ("no-search", "rag", "warm-start", "grpo-s0"):
         results = json.loads((out / "eval" / "test" / arm / "results.json").read_text())
@@ -119,16 +144,17 @@ def test_experiment_runs_every_phase_and_reuses_only_identical_runs(synth_world,
     assert "trainer.seed=0" in record and "retriever.url" not in record  # the port changes every run
     assert "trainer.val_sampler=hf" in record  # dev is judged by the deterministic HF sampler by default
 
-    # Same arguments: the finished run is reused, not retrained (its metrics are untouched).
-    before = (run / "metrics.jsonl").read_text()
-    log = run_experiment(out, world, home, EXP_TEST=0)
-    assert "reusing the finished run" in log
-    assert (run / "metrics.jsonl").read_text() == before
 
+@pytest.mark.slow
+def test_changed_settings_retrain_and_a_second_seed_gets_the_firsts_baseline(experiment):
+    import pyarrow.parquet as pq
+
+    out, world, home = experiment.out, experiment.world, experiment.home
+    run = out / "grpo_auto_seed0"
     # A changed setting retrains: reusing would report a model trained under other settings.
     # EXP_GRPO_SOURCES: GRPO prompts from two-hop questions only, each twice, from the same warm-start as
     # before (its demonstrations still come from every training question, so its cache entry is reused).
-    warm = [line for line in log.splitlines() if line.startswith("[experiment] warm-start search")]
+    warm = [line for line in experiment.log.splitlines() if line.startswith("[experiment] warm-start search")]
     # A second seed skips the "before" validation and gives its alarms the first seed's instead: with
     # none, its only (final) validation was compared with nothing (no alarm/validation in its record).
     log = run_experiment(out, world, home, "optim.lr=2e-5", EXP_TEST=0, EXP_GRPO_SOURCES="synth_hotpotqa:2",
