@@ -292,29 +292,29 @@ class _RecordingWorkerGroup:
         raise _Sent(dict(batch.extra_info))
 
 
-def _actor_update_info(config: DictConfig) -> dict:
-    """What verl's `_update_actor` sends the actor workers (global_batch_size = trajectories per
-    update, epochs, seed, dataloader_kwargs), from verl's own method on a recording worker group."""
+def _sent_by(method: str, call: str, config: DictConfig, **trainer_fields) -> dict:
+    """What verl's `PPOTrainer.<method>` sends its workers through `call` (global_batch_size =
+    trajectories per update, epochs, seed, dataloader_kwargs), from verl's own method run on a stand-in
+    trainer whose worker group records the call."""
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-    me = SimpleNamespace(config=config, actor_rollout_wg=_RecordingWorkerGroup(), distillation_config=None)
+    me = SimpleNamespace(config=config, **trainer_fields)
     try:
-        PPOTrainer._update_actor(me, SimpleNamespace(extra_info={}), {})
+        getattr(PPOTrainer, method)(me, SimpleNamespace(extra_info={}), {})
     except _Sent as sent:
         return sent.args[0]
-    raise RuntimeError("verl's PPOTrainer._update_actor did not call update_actor; verl changed")
+    raise RuntimeError(f"verl's PPOTrainer.{method} did not call {call}; verl changed")
+
+
+def _actor_update_info(config: DictConfig) -> dict:
+    """What verl's `_update_actor` sends the actor workers."""
+    return _sent_by("_update_actor", "update_actor", config, actor_rollout_wg=_RecordingWorkerGroup(),
+                    distillation_config=None)
 
 
 def _critic_update_info(config: DictConfig) -> dict:
-    """What verl's `_update_critic` sends the critic workers (global_batch_size, epochs, seed, ...)."""
-    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
-
-    me = SimpleNamespace(config=config, critic_wg=_RecordingWorkerGroup())
-    try:
-        PPOTrainer._update_critic(me, SimpleNamespace(extra_info={}), {})
-    except _Sent as sent:
-        return sent.args[0]
-    raise RuntimeError("verl's PPOTrainer._update_critic did not call train_mini_batch; verl changed")
+    """What verl's `_update_critic` sends the critic workers."""
+    return _sent_by("_update_critic", "train_mini_batch", config, critic_wg=_RecordingWorkerGroup())
 
 
 def uses_critic(config: DictConfig) -> bool:
