@@ -4,6 +4,7 @@ verl 0.9.1's own functions on hand-made batches; and the config builds the criti
 trainer would build, with the micro-batches the recipe card checks."""
 from __future__ import annotations
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
@@ -109,3 +110,40 @@ def test_the_critics_attention_kernel_is_checked_too():
                                 "critic.model.use_remove_padding=false")
     else:
         assert problem is None
+
+
+def _critic_hf_config(path, attention):
+    """The critic's HF config as verl's HFModelConfig and engine prepare it (config.model.py, then
+    transformer_impl._build_module): the configured kernel, one label, no dropout."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, attn_implementation=attention)
+    config.num_labels, config.classifier_dropout = 1, 0.0
+    return config
+
+
+def test_the_critic_loads_with_the_configured_attention_kernel():
+    """verl 0.9.1's `load_valuehead_model` hard-codes flash_attention_2: without flash_attn (and trl) the
+    critic worker died at start (the ppo_verl rehearsal's failure). verl_ext.critic_model replaces it in
+    verl.utils.model, where verl's engine looks it up, with a loader that uses the configured kernel."""
+    import importlib.util
+
+    import verl.utils.model as verl_model
+
+    import verl_ext.critic_model as ours
+    from search_r1.models import resolve_model_path
+
+    assert verl_model.load_valuehead_model is ours.load_valuehead_model  # installed by the verl plugin hook
+    path = resolve_model_path("tiny-random-llama")
+    model = verl_model.load_valuehead_model(path, torch.float32, _critic_hf_config(path, "sdpa"), False)
+    assert type(model).__name__ == "LlamaForTokenClassification" and model.config._attn_implementation == "sdpa"
+    values = model(input_ids=torch.tensor([[1, 2, 3]])).logits
+    assert values.shape == (1, 3, 1)  # one value per token: what verl's critic reads
+    if importlib.util.find_spec("flash_attn") is None and importlib.util.find_spec("trl") is None:
+        with pytest.raises(RuntimeError, match="please install trl"):  # verl's own loader, the bug
+            ours.VERL_LOADER(path, torch.float32, _critic_hf_config(path, "sdpa"), False)
+        # a kernel the machine lacks: the error names the key and the fix, not trl
+        with pytest.raises(RuntimeError, match=r"attn_implementation=flash_attention_2 .*critic\.model\."
+                                               r"override_config\.attn_implementation.*flash-attn"):
+            ours.load_valuehead_model(path, torch.float32, _critic_hf_config(path, "flash_attention_2"), False)
+
