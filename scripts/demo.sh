@@ -8,9 +8,9 @@
 #      search round, lr 3e-6; 192-token observations, below) on the remaining single-hop training
 #      questions, searching through the real retriever server, which the trainer starts on a free
 #      loopback port and stops after,
-#   3. print where the metrics, plot and checkpoint are, the reward curve and the greedy validation
-#      (EM, F1, format, searches) on the 100 dev questions before and after training, and the
-#      questions whose answer changed.
+#   3. print the greedy validation (EM, F1, format, searches) on the 100 dev questions before and
+#      after training, whether the change is beyond chance, and example questions whose answer
+#      changed with their searches before and after (python -m search_r1.evaluation.before_after).
 # Resources: 2 CPU cores, < 8 GB RAM, about 15-20 minutes on a CPU with AVX512 and 36 on an AVX2-only
 # AMD EPYC (docs/results/demo.md has the measured times and CPU kinds). Extra
 # arguments are Hydra overrides (e.g. `bash scripts/demo.sh trainer.total_steps=5`).
@@ -52,28 +52,7 @@ DEMO=("data.train_files=['outputs/demo_data/train.parquet']" "data.test_files=['
 echo "[demo] GRPO on CPU: configs/grpo_cpu.yaml, output in outputs/demo"
 start=$SECONDS
 SEARCH_R1_FORCE_CPU=1 bash scripts/train_grpo.sh trainer.experiment_name=demo trainer.resume=none "${DEMO[@]}" "$@"
-# The greedy validation before and after training, side by side, then the questions that changed.
-"$PYTHON" - outputs/demo/metrics.jsonl <<'PY'
-import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1]) if '"val/n"' in line]
-if len(rows) >= 2:
-    first, last = rows[0], rows[-1]
-    print(f"[demo] greedy validation on {int(first['val/n'])} dev questions, step {first['step']} -> {last['step']}:")
-    for key, label in (("em", "EM"), ("synth_nq/em", "EM single-hop"), ("synth_hotpotqa/em", "EM two-hop"),
-                       ("f1", "F1"), ("format_valid", "format valid"), ("searches", "searches"),
-                       ("synth_hotpotqa/searches", "searches two-hop")):
-        if 'val/' + key in first or 'val/' + key in last:  # two-hop rows only when the data has them
-            print(f"[demo]   {label:<17} {first.get('val/' + key, float('nan')):.3f} -> {last.get('val/' + key, float('nan')):.3f}")
-# Question by question (val_predictions.jsonl): a net change of one question can hide several flips.
-from search_r1.evaluation.compare import Run, changed, count_flips
-vals = Run.load_validations("outputs/demo")
-if len(vals) >= 2:
-    (s0, before), (s1, after) = list(vals.items())[0], list(vals.items())[-1]
-    flips = changed(before, after)
-    gained, lost = count_flips(flips)
-    print(f"[demo] per question, step {s0} -> {s1}: {gained} wrong -> right, {lost} right -> wrong")
-    for b, a in flips[:10]:
-        print(f"[demo]   {'+' if a['em'] > b['em'] else '-'} {a['question']!r} gold {a['golden_answers'][0]!r}: "
-              f"{b['prediction']!r} -> {a['prediction']!r}")
-PY
+# What changed, for a newcomer: the validations before and after side by side, whether the change is
+# beyond chance on this many questions, and example questions with their searches before and after.
+"$PYTHON" -m search_r1.evaluation.before_after outputs/demo | sed 's/^/[demo] /'
 echo "[demo] finished in $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s"

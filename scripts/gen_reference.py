@@ -712,6 +712,8 @@ CLIS = (
         summary="The retrieval server: build an index, import an existing one, serve indexes over HTTP."),
     Cli("python -m search_r1.evaluation", "search_r1.evaluation.cli", ("search_r1/evaluation/cli.py",)),
     Cli("python -m search_r1.evaluation.compare", "search_r1.evaluation.compare", ("search_r1/evaluation/compare.py",)),
+    Cli("python -m search_r1.evaluation.before_after", "search_r1.evaluation.before_after",
+        ("search_r1/evaluation/before_after.py",)),
     Cli("python -m search_r1.evaluation.hop_failures", "search_r1.evaluation.hop_failures",
         ("search_r1/evaluation/hop_failures.py",)),
     Cli("python -m search_r1.evaluation.plan_probe", "search_r1.evaluation.plan_probe",
@@ -725,6 +727,8 @@ CLIS = (
     Cli("python -m search_r1.data.splits", "search_r1.data.splits", ("search_r1/data/splits.py",)),
     Cli("python scripts/toolcall_experiment.py", "scripts/toolcall_experiment.py", ("scripts/toolcall_experiment.py",)),
     Cli("python scripts/plot_experiment.py", "scripts/plot_experiment.py", ("scripts/plot_experiment.py",)),
+    Cli("python scripts/stress_collapse_report.py", "scripts/stress_collapse_report.py",
+        ("scripts/stress_collapse_report.py",)),
     Cli("python scripts/vllm_cpu_dist.py", "scripts/vllm_cpu_dist.py", ("scripts/vllm_cpu_dist.py",)),
 )
 # Directories whose argparse CLIs this page must cover (tests/docs/test_reference.py checks CLIS does).
