@@ -726,6 +726,8 @@ CLIS = (
     Cli("python -m search_r1.data.synth", "search_r1.data.synth", ("search_r1/data/synth.py",)),
     Cli("python -m search_r1.data.splits", "search_r1.data.splits", ("search_r1/data/splits.py",)),
     Cli("python scripts/toolcall_experiment.py", "scripts/toolcall_experiment.py", ("scripts/toolcall_experiment.py",)),
+    Cli("python scripts/report_agent_experiment.py", "scripts/report_agent_experiment.py",
+        ("scripts/report_agent_experiment.py",)),
     Cli("python scripts/plot_experiment.py", "scripts/plot_experiment.py", ("scripts/plot_experiment.py",)),
     Cli("python scripts/stress_collapse_report.py", "scripts/stress_collapse_report.py",
         ("scripts/stress_collapse_report.py",)),

@@ -473,6 +473,22 @@ def is_complete(directory: Path) -> bool:
         return False
 
 
+def save_atomically(model, tokenizer, meta: dict, target: Path) -> None:
+    """Model, tokenizer and meta (META_FILE) into a temp sibling of `target`, renamed into place: a
+    crash never leaves a directory that `is_complete` accepts."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+        if target.exists():  # stale or partial: replace
+            shutil.rmtree(target, ignore_errors=True)
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int, batch_size: int, lr: float,
                      n_examples: int, seed: int, max_obs_length: int, max_tokens_per_turn: int,
                      protocol: str = "tags", fmt: str = "search", two_hop_share: float = 0.0,
@@ -516,23 +532,13 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
               f"lr {lr} ({lr_schedule}), {batching} batches", flush=True)
         losses = train(model, demos, tokenizer.pad_token_id, steps, batch_size, lr, seed, compute_dtype, progress,
                        lr_schedule, batching)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
-        try:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            meta = {"format_version": FORMAT_VERSION, "base_model": model_name, "n_demos": len(demos),
-                    **settings, "lr_schedule": lr_schedule, "batching": batching,
-                    "max_obs_length": max_obs_length, "max_tokens_per_turn": max_tokens_per_turn,
-                    "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
-                    "seconds": round(time.perf_counter() - t0, 1), "machine": machine_description(),
-                    "torch": torch.__version__, "example": demos[0].response_text}
-            (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
-            if target.exists():  # stale or partial: replace
-                shutil.rmtree(target, ignore_errors=True)
-            os.rename(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        meta = {"format_version": FORMAT_VERSION, "base_model": model_name, "n_demos": len(demos),
+                **settings, "lr_schedule": lr_schedule, "batching": batching,
+                "max_obs_length": max_obs_length, "max_tokens_per_turn": max_tokens_per_turn,
+                "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
+                "seconds": round(time.perf_counter() - t0, 1), "machine": machine_description(),
+                "torch": torch.__version__, "example": demos[0].response_text}
+        save_atomically(model, tokenizer, meta, target)
         del model
     finally:
         torch.set_num_threads(threads_before)
