@@ -2,7 +2,8 @@
 
     python scripts/report_agent_experiment.py                          # SmolLM2-135M, 20 held-out two-hop questions
     python scripts/report_agent_experiment.py --n-test 8 --steps 20    # shorter
-    python scripts/report_agent_experiment.py --toolcall-model DIR     # and the tool-call agent on the same questions
+    python scripts/report_agent_experiment.py --toolcall-model outputs/toolcall_experiment/grpo   # and the tool-call
+                                                     # agent (scripts/toolcall_experiment.py's model) on the same questions
     python scripts/report_agent_experiment.py --example-to docs/agents # copy the first finished report + trace there
 
 What it does, on the default synthetic world (generated and indexed when missing):
@@ -114,8 +115,10 @@ def main(argv=None) -> int:
                         "--out", str(out / "weaver"), *common], check=True)
         toolcall = None
         if args.toolcall_model:
+            # the tool-call agent as scripts/toolcall_experiment.py evaluates it
             subprocess.run([sys.executable, "-m", "search_r1.agents.toolcall", "--model", args.toolcall_model,
-                            "--out", str(out / "toolcall"), *common], check=True)
+                            "--out", str(out / "toolcall"), "--transcript", "inline", "--max-tokens-per-turn", "128",
+                            "--max-tool-calls", "5", *common], check=True)
             toolcall = [json.loads(x) for x in (out / "toolcall" / "predictions.jsonl").read_text().splitlines() if x]
 
     weaver = []

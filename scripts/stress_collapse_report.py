@@ -11,7 +11,7 @@ Per run (one arm, one seed), from its metrics.jsonl:
   first alarm      first step with any alarm/* flag up (drift: K3 KL over the window; reward_fall;
                    validation), and rollbacks taken (safeguards arm)
   likelihood       mean log pi_old per generated token of correct responses over the first and the last
-                   3 steps (the paper's curve: its fall precedes the collapse), and the mean share of
+                   3 steps that had a correct response (the paper's curve: its fall precedes the collapse), and the mean share of
                    responses with advantage >= 0 whose likelihood fell during the update
   update s/ktok    the policy update's worker time per 1,000 generated tokens, median over steps: the
                    cost of LLDS is this arm's figure over plain's, within the same seeds
@@ -66,7 +66,7 @@ def summarize(run: Path, baseline: dict | None) -> dict | None:
     end = vals[-1]
     start_em, end_em, n = float(baseline["val/em"]), float(end["val/em"]), int(baseline["val/n"])
     alarm_steps = [int(r["step"]) for r in rows if any(r.get(k) == 1 for k in ALARMS)]
-    correct = [r.get("likelihood/correct_logp_old") for r in steps]
+    correct = [r["likelihood/correct_logp_old"] for r in steps if r.get("likelihood/correct_logp_old") is not None]
     per_ktok = [1000 * r["timing/update_actor_worker"] / (r["response/generated_tokens_mean"] * r["train/trajectories_updated"])
                 for r in steps if r.get("timing/update_actor_worker") and r.get("response/generated_tokens_mean")
                 and r.get("train/trajectories_updated")]
