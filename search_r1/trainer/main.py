@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -227,8 +228,14 @@ def warm_start(cfg: TrainConfig, data: DataPaths, search_engine, url: str | None
 
     r = cfg.retriever
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(ensure_warmstart_with_url, cfg.model.name, url, r.topk, r.timeout, r.retries,
-                           files, kwargs).result()
+        future = pool.submit(ensure_warmstart_with_url, cfg.model.name, url, r.topk, r.timeout, r.retries, files,
+                             kwargs)
+        try:
+            return future.result()
+        except BaseException:  # SIGTERM / Ctrl-C: stop the SFT now (leaving `with` would wait for it to finish)
+            for child in multiprocessing.active_children():
+                child.terminate()
+            raise
 
 
 def warmstart_files(cfg: TrainConfig, data: DataPaths) -> list[str]:
@@ -314,7 +321,10 @@ def run(cfg: TrainConfig, search_engine=None) -> dict:
         val_ds = PromptDataset(list(data.test_files), tokenizer, cfg.data.max_prompt_length, cfg.data.protocol)
         loader = PromptDataLoader(train_ds, cfg.trainer.batch_size, seed=cfg.trainer.seed, shuffle=True,
                                   drop_last=True)
+        on_sigterm = signal.getsignal(signal.SIGTERM)
         started_ray = init_ray(cfg.trainer.n_workers)
+        if on_sigterm is stop_on_sigterm:  # ray.init installs its own (a bare sys.exit(15)); keep ours
+            signal.signal(signal.SIGTERM, on_sigterm)
         if started_ray:
             stack.callback(ray.shutdown)
         group, pool = create_worker_group(worker_spec(cfg, model_path), cfg.trainer.n_workers)
@@ -367,6 +377,16 @@ def report(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def stop_on_sigterm(signum, frame) -> None:
+    """SIGTERM (a scheduler's cancel, `kill`) unwinds the run like Ctrl-C does: run()'s ExitStack stops the
+    retriever server, the vLLM server, the workers and Ray (Python's default would exit at once and leave
+    those processes running). Checkpoints are written atomically, so the last complete one survives and
+    trainer.resume=auto continues from it."""
+    print("\n[trainer] SIGTERM: stopping the run, its retriever and its workers (a rerun with "
+          "trainer.resume=auto continues from the last checkpoint)", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)
+
+
 def _hydra_main():
     import hydra
     from omegaconf import OmegaConf
@@ -378,6 +398,7 @@ def _hydra_main():
     @hydra.main(config_path="configs", config_name="grpo_cpu", version_base="1.3")
     def main(raw) -> None:
         quiet_library_loggers()  # after Hydra's logging setup, which would reset them
+        signal.signal(signal.SIGTERM, stop_on_sigterm)
         try:
             cfg = TrainConfig.from_dict(OmegaConf.to_container(raw, resolve=True))
             summary = run(cfg)
