@@ -61,13 +61,13 @@ def report(run_dir, examples: int = 3) -> list[str]:
     (s0, before), (s1, after) = list(vals.items())[0], list(vals.items())[-1]
     n = len(before.records)
     lines = [f"Greedy validation on the same {n} dev questions, before training (step {s0}) and after (step {s1}):",
-             "", f"  {'':<28}{'before':>8}{'after':>8}{'change':>9}"]
+             "", f"  {'':<32}{'before':>8}{'after':>8}{'change':>9}"]
     for key, source, label in ROWS:
         b, a = run_stats(before, source), run_stats(after, source)
         if b["n"] == 0 or a["n"] == 0:
             continue  # a source this run did not validate on
         label = f"{label} ({b['n']})" if source else label
-        lines.append(f"  {label:<28}{b[key]:>8.3f}{a[key]:>8.3f}{a[key] - b[key]:>+9.3f}")
+        lines.append(f"  {label:<32}{b[key]:>8.3f}{a[key]:>8.3f}{a[key] - b[key]:>+9.3f}")
     flips = changed(before, after)
     gained, lost = count_flips(flips)
     em = run_stats(before, None)["em"]
