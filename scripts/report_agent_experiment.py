@@ -63,7 +63,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--model", default="smollm2-135m-instruct", help="base model to warm-start (alias or HF directory)")
-    p.add_argument("--out", type=Path, default=REPO / "outputs" / "report_agent", help="output directory")
+    p.add_argument("--out", type=Path, default=Path("outputs/report_agent"),
+                   help="output directory (relative: to the repository)")
     p.add_argument("--n-test", type=int, default=20, help="held-out two-hop test questions (default 20)")
     p.add_argument("--questions", type=int, default=48, help="training questions the teacher's runs are kept from")
     p.add_argument("--two-hop-share", type=float, default=0.75, help="share of two-hop teacher questions")
@@ -94,7 +95,7 @@ def main(argv=None) -> int:
     subprocess.run([sys.executable, "-m", "search_r1.data.synth", "--out", str(world), "--seed", "0", "--if-stale"],
                    check=True)
     index = ensure_default_index()
-    out = args.out
+    out = args.out if args.out.is_absolute() else REPO / args.out
     (out / "data").mkdir(parents=True, exist_ok=True)
     test = pd.read_parquet(world / "test.parquet")
     test = test[test["data_source"] == TWO_HOP].sample(frac=1.0, random_state=args.seed).head(args.n_test)

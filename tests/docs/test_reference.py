@@ -256,3 +256,10 @@ def test_pages_are_what_the_generator_writes():
     rendered = gen().render()
     stale = [name for name, text in rendered.items() if page(name) != text]
     assert not stale, f"stale reference pages: {stale}; {REGENERATE}"
+
+
+def test_pages_hold_no_path_of_this_checkout():
+    """A default such as REPO / "outputs" renders as this checkout's absolute path: the page then differs
+    in every other clone (the fresh-clone run of 2026-12-07 failed on exactly that)."""
+    leaked = [name for name, text in gen().render().items() if str(REPO) in text]
+    assert not leaked, f"{leaked} contain {REPO}: give the flag a relative default (resolved against the repository)"
