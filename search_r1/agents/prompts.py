@@ -110,3 +110,20 @@ ANSWER_SYSTEM = (
     "the answer inside <answer> and </answer>, for example <answer> Beijing </answer>."
 )
 ANSWER_USER = "Question: {question}\n\nReport:\n{report}\n\nOutline:\n{outline}\n\nResearch notes:\n{notes}"
+
+
+# --- which role a conversation belongs to ------------------------------------------------------
+# Each role's system message starts with a fixed text (up to its first placeholder): the role of any
+# conversation an agent sends is read from that prefix (the report teacher, the tests' scripted models).
+ROLE_PREFIXES = (("toolcall", TOOLCALL_SYSTEM.split("{")[0]), ("planner", PLANNER_SYSTEM.split("{")[0]),
+                 ("summarizer", SUMMARIZER_SYSTEM[:60]), ("outline", OUTLINE_SYSTEM[:60]),
+                 ("writer", WRITER_SYSTEM[:60]), ("answer", ANSWER_SYSTEM[:60]))
+
+
+def role_of(messages: list[dict]) -> str:
+    """The agent role (`ROLE_PREFIXES`) of a conversation, from its system message; ValueError if none."""
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+    for role, prefix in ROLE_PREFIXES:
+        if system.startswith(prefix):
+            return role
+    raise ValueError(f"no agent role has the system message {system[:80]!r}")

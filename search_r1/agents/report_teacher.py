@@ -32,13 +32,10 @@ import copy
 import re
 from dataclasses import dataclass, field
 
-from search_r1.agents import prompts as P
+from search_r1.agents.prompts import role_of
 from search_r1.agents.chat import ChatReply
 from search_r1.agents.memory import outline_sections
 
-ROLE_PREFIXES = (("planner", P.PLANNER_SYSTEM.split("{")[0]), ("summarizer", P.SUMMARIZER_SYSTEM[:60]),
-                 ("outline", P.OUTLINE_SYSTEM[:60]), ("writer", P.WRITER_SYSTEM[:60]),
-                 ("answer", P.ANSWER_SYSTEM[:60]), ("toolcall", P.TOOLCALL_SYSTEM.split("{")[0]))
 _QUESTION_RE = re.compile(r"^Question: (.*)$", re.MULTILINE)
 _DOC_RE = re.compile(r"^Doc (\d+) \(id: ([^)]*)\) (.*)$", re.MULTILINE)
 _SUMMARY_OBS_RE = re.compile(r"Summary <id>(\d+)</id> of .*? \(goal: (.*?)\):\n", re.DOTALL)
@@ -47,15 +44,6 @@ _SENTENCE_RE = re.compile(r"(?<=[.!?])\s+")
 _WORD_RE = re.compile(r"[a-z0-9]+")
 _STOPWORDS = frozenset("a an the of in on at to is was are were which what who whom where when how did does do "
                        "for from by with and or it its this that as be".split())
-
-
-def role_of(messages: list[dict]) -> str:
-    """The agent role a conversation belongs to, from its system message."""
-    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
-    for role, prefix in ROLE_PREFIXES:
-        if system.startswith(prefix):
-            return role
-    raise ValueError(f"not a report agent conversation (system message {system[:60]!r})")
 
 
 def content_stems(text: str) -> set[str]:

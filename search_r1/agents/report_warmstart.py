@@ -12,18 +12,14 @@ model, the settings and the exact demonstration tokens.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
 from search_r1.agents.report_teacher import Recorder, ReportTeacher, demonstration_run
 from search_r1.agents.weaver import WeaverAgent
-from search_r1.trainer.warmstart import (FORMAT_VERSION, META_FILE, Demo, _train_rows, is_complete, save_atomically,
-                                         train)
+from search_r1.trainer.warmstart import FORMAT_VERSION, Demo, _train_rows, reused, settings_key, train_and_save
 
 
 def tokenize_call(tokenizer, messages: list[dict], reply: str) -> tuple[list[int], list[int]]:
@@ -76,25 +72,12 @@ def report_demos(rows: list[dict], search, access, tokenizer, n_questions: int, 
     return demos, dict(stats)
 
 
-def settings_key(model_name: str, demos: list[Demo], settings: dict) -> str:
-    from search_r1.models import resolve_model_path
-
-    h = hashlib.sha256(json.dumps({"v": FORMAT_VERSION, "kind": "report", "model": str(resolve_model_path(model_name)),
-                                   **settings}, sort_keys=True).encode())
-    for d in demos:
-        h.update(json.dumps([d.input_ids, d.loss_mask]).encode())
-    return h.hexdigest()[:16]
-
-
 def ensure_report_warmstart(model_name: str, search, access, train_files, *, n_questions: int = 48,
                             steps: int = 60, batch_size: int = 8, lr: float = 1e-4, seed: int = 0,
                             two_hop_share: float = 0.75, compute_dtype: str = "float32", threads: int = 2,
                             cache_root: Path | None = None, progress: bool = True) -> tuple[Path, dict]:
     """Path of the report warm-start (built now or reused) and its meta dict (see the module docstring)."""
-    import torch
-
-    from search_r1.dtypes import machine_description
-    from search_r1.models import load_model_and_tokenizer, load_tokenizer, release_memory
+    from search_r1.models import load_tokenizer
     from search_r1.paths import home
 
     tokenizer = load_tokenizer(model_name)
@@ -105,30 +88,15 @@ def ensure_report_warmstart(model_name: str, search, access, train_files, *, n_q
     settings = dict(n_questions=n_questions, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                     two_hop_share=two_hop_share, compute_dtype=compute_dtype)
     root = Path(cache_root) if cache_root is not None else home() / "warmstart"
-    target = root / f"report-{settings_key(model_name, demos, settings)}"
-    if is_complete(target):
-        meta = json.loads((target / META_FILE).read_text())
-        print(f"[report warm-start] reusing {target} (loss {meta['loss_first']:.3f} -> {meta['loss_last']:.3f})",
-              flush=True)
+    target = root / f"report-{settings_key(model_name, demos, kind='report', **settings)}"
+    meta = reused(target, "report warm-start")
+    if meta is not None:
         return target, meta
-    root.mkdir(parents=True, exist_ok=True)
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    t0 = time.perf_counter()
-    try:
-        model, _ = load_model_and_tokenizer(model_name, dtype=torch.float32)
-        print(f"[report warm-start] SFT on {len(demos)} calls of {stats.get('kept_2_hop', 0)} two-hop and "
-              f"{stats.get('kept_1_hop', 0)} single-hop teacher runs, {steps} steps x {batch_size}, lr {lr}", flush=True)
-        losses = train(model, demos, tokenizer.pad_token_id, steps, batch_size, lr, seed, compute_dtype, progress)
-        meta = {"format_version": FORMAT_VERSION, "kind": "report", "base_model": model_name, "n_demos": len(demos),
-                "demos": stats, **settings, "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
-                "seconds": round(time.perf_counter() - t0, 1), "machine": machine_description(),
-                "torch": torch.__version__}
-        save_atomically(model, tokenizer, meta, target)
-        del model
-    finally:
-        torch.set_num_threads(threads_before)
-        release_memory()
-    print(f"[report warm-start] loss {losses[0]:.3f} -> {losses[-1]:.3f} in {meta['seconds']} s; saved {target}",
-          flush=True)
+    print(f"[report warm-start] SFT on {len(demos)} calls of {stats.get('kept_2_hop', 0)} two-hop and "
+          f"{stats.get('kept_1_hop', 0)} single-hop teacher runs, {steps} steps x {batch_size}, lr {lr}", flush=True)
+    meta = {"format_version": FORMAT_VERSION, "kind": "report", "base_model": model_name, "n_demos": len(demos),
+            "demos": stats, **settings}
+    meta = train_and_save(model_name, tokenizer, demos, target, meta, threads=threads, label="report warm-start",
+                          steps=steps, batch_size=batch_size, lr=lr, seed=seed, compute_dtype=compute_dtype,
+                          progress=progress)
     return target, meta

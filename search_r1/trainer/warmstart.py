@@ -473,20 +473,52 @@ def is_complete(directory: Path) -> bool:
         return False
 
 
-def save_atomically(model, tokenizer, meta: dict, target: Path) -> None:
-    """Model, tokenizer and meta (META_FILE) into a temp sibling of `target`, renamed into place: a
-    crash never leaves a directory that `is_complete` accepts."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+def reused(target: Path, label: str) -> dict | None:
+    """The meta of the complete warm-start at `target` (saying it is reused), or None to build it."""
+    if not is_complete(target):
+        return None
+    meta = json.loads((target / META_FILE).read_text())
+    print(f"[{label}] reusing {target} (loss {meta['loss_first']:.3f} -> {meta['loss_last']:.3f})", flush=True)
+    return meta
+
+
+def train_and_save(model_name: str, tokenizer, demos: list[Demo], target: Path, meta: dict, *, threads: int,
+                   label: str, **train_kwargs) -> dict:
+    """Masked SFT of `model_name` (loaded in float32) on `demos` with `threads` torch threads (`train`'s
+    `train_kwargs`), saved with its tokenizer and `meta` plus the losses, seconds, machine and torch
+    version into `target`: written to a temp sibling and renamed into place, so a crash never leaves a
+    directory that `is_complete` accepts. Returns the meta written."""
+    import torch
+
+    from search_r1.models import load_model_and_tokenizer, release_memory
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
-        if target.exists():  # stale or partial: replace
-            shutil.rmtree(target, ignore_errors=True)
-        os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        model, _ = load_model_and_tokenizer(model_name, dtype=torch.float32)
+        losses = train(model, demos, tokenizer.pad_token_id, **train_kwargs)
+        meta = {**meta, "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
+                "seconds": round(time.perf_counter() - t0, 1), "machine": machine_description(),
+                "torch": torch.__version__}
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+            if target.exists():  # stale or partial: replace
+                shutil.rmtree(target, ignore_errors=True)
+            os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        del model
+    finally:
+        torch.set_num_threads(threads_before)
+        release_memory()
+    print(f"[{label}] loss {losses[0]:.3f} -> {losses[-1]:.3f} in {meta['seconds']} s; saved {target}", flush=True)
+    return meta
 
 
 def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int, batch_size: int, lr: float,
@@ -496,9 +528,7 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
                      batching: str = "shuffled", cache_root: Path | None = None,
                      progress: bool = True) -> tuple[Path, dict]:
     """Path of the warm-started HF directory (built now or reused) and its meta dict."""
-    import torch
-
-    from search_r1.models import load_model_and_tokenizer, load_tokenizer, release_memory
+    from search_r1.models import load_tokenizer
     from search_r1.paths import home
 
     tokenizer = load_tokenizer(model_name)
@@ -513,37 +543,22 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
     if batching != "shuffled":
         settings["batching"] = batching
     key = settings_key(model_name, demos, **settings)
-    root = Path(cache_root) if cache_root is not None else home() / "warmstart"
-    target = root / key
-    if is_complete(target):
-        meta = json.loads((target / META_FILE).read_text())
-        print(f"[warmstart] reusing {target} (loss {meta['loss_first']:.3f} -> {meta['loss_last']:.3f})", flush=True)
+    target = (Path(cache_root) if cache_root is not None else home() / "warmstart") / key
+    meta = reused(target, "warmstart")
+    if meta is not None:
         note = other_machine_note(meta)
         if note:
             print(f"[warmstart] {note}", flush=True)
         return target, meta
-    root.mkdir(parents=True, exist_ok=True)
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    t0 = time.perf_counter()
-    try:
-        model, _ = load_model_and_tokenizer(model_name, dtype=torch.float32)
-        print(f"[warmstart] SFT on {len(demos)} format demonstrations, {steps} steps x {batch_size}, "
-              f"lr {lr} ({lr_schedule}), {batching} batches", flush=True)
-        losses = train(model, demos, tokenizer.pad_token_id, steps, batch_size, lr, seed, compute_dtype, progress,
-                       lr_schedule, batching)
-        meta = {"format_version": FORMAT_VERSION, "base_model": model_name, "n_demos": len(demos),
-                **settings, "lr_schedule": lr_schedule, "batching": batching,
-                "max_obs_length": max_obs_length, "max_tokens_per_turn": max_tokens_per_turn,
-                "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
-                "seconds": round(time.perf_counter() - t0, 1), "machine": machine_description(),
-                "torch": torch.__version__, "example": demos[0].response_text}
-        save_atomically(model, tokenizer, meta, target)
-        del model
-    finally:
-        torch.set_num_threads(threads_before)
-        release_memory()
-    print(f"[warmstart] loss {losses[0]:.3f} -> {losses[-1]:.3f} in {meta['seconds']} s; saved {target}", flush=True)
+    print(f"[warmstart] SFT on {len(demos)} format demonstrations, {steps} steps x {batch_size}, "
+          f"lr {lr} ({lr_schedule}), {batching} batches", flush=True)
+    meta = {"format_version": FORMAT_VERSION, "base_model": model_name, "n_demos": len(demos),
+            **settings, "lr_schedule": lr_schedule, "batching": batching,
+            "max_obs_length": max_obs_length, "max_tokens_per_turn": max_tokens_per_turn,
+            "example": demos[0].response_text}
+    meta = train_and_save(model_name, tokenizer, demos, target, meta, threads=threads, label="warmstart",
+                          steps=steps, batch_size=batch_size, lr=lr, seed=seed, compute_dtype=compute_dtype,
+                          progress=progress, lr_schedule=lr_schedule, batching=batching)
     return target, meta
 
 

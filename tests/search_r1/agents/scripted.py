@@ -13,26 +13,13 @@ from __future__ import annotations
 
 import copy
 
-from search_r1.agents import prompts as P
 from search_r1.agents.chat import ChatReply, ContextOverflow
+from search_r1.agents.prompts import role_of
 from search_r1.rollout.backends import GenerationError
 
 CRASH, OVERFLOW, SERVER_DOWN = object(), object(), object()
-ROLES = (("toolcall", P.TOOLCALL_SYSTEM.split("{")[0]), ("planner", P.PLANNER_SYSTEM.split("{")[0]),
-         ("summarizer", P.SUMMARIZER_SYSTEM[:60]), ("outline", P.OUTLINE_SYSTEM[:60]),
-         ("writer", P.WRITER_SYSTEM[:60]), ("answer", P.ANSWER_SYSTEM[:60]))
-
-
 class ScriptCrash(RuntimeError):
     """What a CRASH step raises."""
-
-
-def role_of(messages: list[dict]) -> str:
-    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
-    for role, prefix in ROLES:
-        if system.startswith(prefix):
-            return role
-    raise AssertionError(f"no role recognised for system prompt {system[:80]!r}")
 
 
 class ScriptedChat:
