@@ -317,7 +317,7 @@ def _is_complete(directory: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _file_lock(lock_path: Path):
+def file_lock(lock_path: Path):
     """Exclusive inter-process lock (POSIX flock); released when the process dies, so never stale."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a+") as handle:
@@ -343,7 +343,7 @@ def _ensure_cached(name: str, build) -> Path:
     target = root / name
     if _is_complete(target):
         return target
-    with _file_lock(root / f".{name}.lock"):
+    with file_lock(root / f".{name}.lock"):
         if _is_complete(target):  # another process finished it while we waited
             return target
         logger.warning("building model cache %s (one time)", target)

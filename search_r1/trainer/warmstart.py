@@ -487,38 +487,44 @@ def train_and_save(model_name: str, tokenizer, demos: list[Demo], target: Path, 
     """Masked SFT of `model_name` (loaded in float32) on `demos` with `threads` torch threads (`train`'s
     `train_kwargs`), saved with its tokenizer and `meta` plus the losses, seconds, machine and torch
     version into `target`: written to a temp sibling and renamed into place, so a crash never leaves a
-    directory that `is_complete` accepts. Returns the meta written."""
+    directory that `is_complete` accepts. Processes that start together (a sweep, parallel test workers)
+    take turns on a lock beside `target`: the first trains, the others reuse its result. Returns the
+    meta written (or reused)."""
     import torch
 
-    from search_r1.models import load_model_and_tokenizer, release_memory
+    from search_r1.models import file_lock, load_model_and_tokenizer, release_memory
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    t0 = time.perf_counter()
-    try:
-        model, _ = load_model_and_tokenizer(model_name, dtype=torch.float32)
-        losses = train(model, demos, tokenizer.pad_token_id, **train_kwargs)
-        meta = {**meta, "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
-                "seconds": round(time.perf_counter() - t0, 1), "machine": machine_description(),
-                "torch": torch.__version__}
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    with file_lock(target.parent / f".{target.name}.lock"):
+        done = reused(target, label)  # another process finished it while this one waited
+        if done is not None:
+            return done
+        threads_before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        t0 = time.perf_counter()
         try:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
-            if target.exists():  # stale or partial: replace
-                shutil.rmtree(target, ignore_errors=True)
-            os.rename(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        del model
-    finally:
-        torch.set_num_threads(threads_before)
-        release_memory()
-    print(f"[{label}] loss {losses[0]:.3f} -> {losses[-1]:.3f} in {meta['seconds']} s; saved {target}", flush=True)
-    return meta
+            model, _ = load_model_and_tokenizer(model_name, dtype=torch.float32)
+            losses = train(model, demos, tokenizer.pad_token_id, **train_kwargs)
+            meta = {**meta, "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
+                    "seconds": round(time.perf_counter() - t0, 1), "machine": machine_description(),
+                    "torch": torch.__version__}
+            tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+            try:
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+                (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+                if target.exists():  # stale or partial: replace
+                    shutil.rmtree(target, ignore_errors=True)
+                os.rename(tmp, target)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            del model
+        finally:
+            torch.set_num_threads(threads_before)
+            release_memory()
+        print(f"[{label}] loss {losses[0]:.3f} -> {losses[-1]:.3f} in {meta['seconds']} s; saved {target}", flush=True)
+        return meta
 
 
 def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int, batch_size: int, lr: float,

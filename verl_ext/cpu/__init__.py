@@ -76,7 +76,7 @@ def warmstart_dir(name: str, *, _root_) -> str:
     """
     from omegaconf import OmegaConf
 
-    from search_r1.models import _file_lock
+    from search_r1.models import file_lock
     from search_r1.paths import home
     from search_r1.search import RetrieverClient
     from search_r1.trainer.config import WarmstartConfig
@@ -105,7 +105,7 @@ def warmstart_dir(name: str, *, _root_) -> str:
     key = repr((name, w, files, r.urls, r.topk, settings.max_obs_length, turn, settings.protocol))
     if key not in _WARMSTART_DIRS:
         root = home() / "warmstart"
-        with _file_lock(root / ".verl_ext.lock"):
+        with file_lock(root / ".verl_ext.lock"):
             path, _ = ensure_warmstart(name, client, files, steps=w.steps, batch_size=w.batch_size, lr=w.lr,
                                        n_examples=w.n_examples, seed=w.seed, max_obs_length=settings.max_obs_length,
                                        max_tokens_per_turn=turn, protocol=settings.protocol, fmt=w.format,

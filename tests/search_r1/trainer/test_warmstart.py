@@ -253,6 +253,30 @@ def test_sft_lowers_the_loss_and_the_result_is_cached(demos, client, synth_world
     assert len([p for p in tmp_path.iterdir() if not p.name.startswith(".")]) == 2
 
 
+def test_a_run_that_waited_for_the_lock_reuses_what_the_first_one_built(tmp_path):
+    """Two runs of a sweep start together: the second waits on the lock while the first trains, then
+    reuses its directory instead of training again and replacing it under the first run's workers."""
+    import threading
+
+    from search_r1.models import file_lock
+    from search_r1.trainer.warmstart import FORMAT_VERSION, META_FILE, train_and_save
+
+    target = tmp_path / "key"
+    result = {}
+    with file_lock(tmp_path / ".key.lock"):  # the first run, training
+        # A model name that cannot load: the waiting run fails if it trains instead of reusing.
+        waiter = threading.Thread(target=lambda: result.update(meta=train_and_save(
+            "no-such-model", None, [], target, {}, threads=1, label="warmstart")))
+        waiter.start()
+        waiter.join(timeout=1.0)
+        assert waiter.is_alive()  # it waits for the lock
+        target.mkdir()
+        (target / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, "loss_first": 2.0,
+                                                     "loss_last": 0.5, "seed": 7}))
+    waiter.join(timeout=30)
+    assert result["meta"]["seed"] == 7 and result["meta"]["loss_last"] == 0.5
+
+
 def _fake_demos(hops: list[int]) -> list[Demo]:
     return [Demo(f"q{i}", ("a",), "", (1, 2), (0, 1), 1, h) for i, h in enumerate(hops)]
 
