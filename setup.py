@@ -59,7 +59,7 @@ setup(
     python_requires=">=3.10,<3.13",
     install_requires=CORE,
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-asyncio>=0.23", "mkdocs-material>=9.5,<10"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-asyncio>=0.23", "pytest-xdist>=3.6", "mkdocs-material>=9.5,<10"],
         # verl's GPU stack as verl itself declares it: vllm==0.24.0, torch==2.11.0, transformers==5.9.0.
         "gpu": ["verl[vllm]==0.9.1"],
         "wandb": ["wandb>=0.17"],

@@ -55,3 +55,25 @@ def test_failing_stays_a_plain_failure():
     assert "its own message" in out
     monkeypatch.setenv("SEARCH_R1_TEST_BUDGET", "off")
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=4, failed=1)
+
+
+class _Item:
+    """What `longest_files_first` reads of a pytest item: its file and its markers."""
+
+    def __init__(self, path: str, name: str, *markers):
+        self.fspath, self.name, self.markers = type("P", (), {"strpath": path})(), name, dict(markers)
+
+    def get_closest_marker(self, name):
+        return self.markers.get(name)
+
+
+def test_files_with_the_longest_budgets_go_first_each_file_kept_whole_and_in_order():
+    import pytest as _pytest
+
+    from tests._fixtures.budget import longest_files_first
+
+    own = _pytest.mark.budget(600, reason="r").mark
+    slow = _pytest.mark.slow.mark
+    items = [_Item("a.py", "a1"), _Item("b.py", "b1"), _Item("b.py", "b2", ("slow", slow)), _Item("c.py", "c1"),
+             _Item("d.py", "d1"), _Item("d.py", "d2", ("budget", own)), _Item("a.py", "a2")]
+    assert [i.name for i in longest_files_first(items)] == ["d1", "d2", "b1", "b2", "a1", "a2", "c1"]

@@ -56,6 +56,21 @@ def pytest_configure(config):
                                        "(tests/_fixtures/budget.py)")
 
 
+def longest_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """`items` with whole files reordered by their longest test budget, longest first (stable: files of
+    equal budget, and the tests inside a file, keep their order). `make test` hands each file to one of
+    two pytest-xdist workers in this order; a long file handed out last would run alone at the end."""
+    longest: dict[str, float] = {}
+    for item in items:
+        longest[item.fspath.strpath] = max(longest.get(item.fspath.strpath, 0.0), budget_for(item)[1])
+    rank = {path: i for i, path in enumerate(sorted(longest, key=lambda path: -longest[path]))}
+    return sorted(items, key=lambda item: rank[item.fspath.strpath])
+
+
+def pytest_collection_modifyitems(config, items):
+    items[:] = longest_files_first(items)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
