@@ -121,7 +121,9 @@ def verdicts(results: dict, arms: list[str], seeds: list[str]) -> list[str]:
     if costs:
         ratio = statistics.fmean(a for a, _ in costs) / statistics.fmean(b for _, b in costs)
         lines.append(f"- LLDS update time per generated token over plain's: {ratio:.3f} "
-                     f"(update phase only; medians over steps, mean over {len(costs)} seeds).")
+                     f"(update phase only; medians over steps, mean over {len(costs)} seeds; separate runs, "
+                     f"so other work on the machine enters it: `python bench/llds_cost.py` times the two "
+                     f"alternating in one process).")
     return lines
 
 
