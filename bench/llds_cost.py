@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import statistics
 import sys
 import time
@@ -27,9 +26,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from search_r1.net import free_port  # noqa: E402
-
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -50,17 +46,6 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the batch (default 0)")
     return p.parse_args(argv)
-
-
-def local_worker(spec):
-    """A PolicyWorker in this process as rank 0 of 1 (verl's Worker reads these variables)."""
-    from search_r1.trainer.workers import PolicyWorker
-
-    os.environ.update(WORLD_SIZE="1", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                      WG_BACKEND="ray")
-    worker = PolicyWorker(spec)
-    worker.init_model()
-    return worker
 
 
 def synthetic_batch(worker, rows: int, prompt: int, response: int, vocab: int, seed: int):
@@ -90,11 +75,11 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     from search_r1.dtypes import machine_description
-    from search_r1.trainer.workers import WorkerSpec
+    from search_r1.trainer.workers import WorkerSpec, in_process_worker
 
     spec = WorkerSpec(model_name=args.model, compute_dtype=args.compute_dtype, threads=args.threads,
                       micro_batch_size=args.micro_batch, lr=1e-5, llds_gate=args.gate)
-    worker = local_worker(spec)
+    worker = in_process_worker(spec)
     vocab = worker.model.config.vocab_size
     seconds: dict[float, list[float]] = {0.0: [], args.llds_coef: []}
     gate, calls = {}, 0

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import sys
 from pathlib import Path
 
@@ -30,18 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a check
 from verl import DataProto  # noqa: E402
 
 from search_r1.algos import rollout_mismatch_sums  # noqa: E402
-from search_r1.net import free_port  # noqa: E402
-
-
-def local_worker(spec):
-    """A PolicyWorker in this process as rank 0 of 1 (verl's Worker reads these variables)."""
-    from search_r1.trainer.workers import PolicyWorker
-
-    os.environ.update(WORLD_SIZE="1", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                      WG_BACKEND="ray")
-    w = PolicyWorker(spec)
-    w.init_model()
-    return w
 
 
 def rollout_batch(w, prompts: list[list[int]], tokens: int, seed: int) -> DataProto:
@@ -81,13 +68,13 @@ def main() -> None:
     from search_r1.data.synth import ensure_world
     from search_r1.models import load_tokenizer
     from search_r1.paths import default_synth_dir
-    from search_r1.trainer.workers import WorkerSpec, rollout_copy
+    from search_r1.trainer.workers import WorkerSpec, in_process_worker, rollout_copy
 
     world = ensure_world(default_synth_dir(), progress=False)
     ds = PromptDataset([Path(world) / "test.parquet"], load_tokenizer(args.model), max_prompt_length=4096)
     prompts = [list(r.input_ids) for r in ds.records[:args.n]]
-    w = local_worker(WorkerSpec(model_name=args.model, compute_dtype=args.compute_dtype, rollout_dtype="bfloat16",
-                                threads=args.threads, micro_batch_size=4, use_ref=False, kl_coef=0.0))
+    w = in_process_worker(WorkerSpec(model_name=args.model, compute_dtype=args.compute_dtype, rollout_dtype="bfloat16",
+                                          threads=args.threads, micro_batch_size=4, use_ref=False, kl_coef=0.0))
     variants = {"now (params bf16, rotary fp32)": rollout_copy(w.model, torch.bfloat16),
                 "before (.to(bfloat16), rotary bf16)": copy.deepcopy(w.model).to(torch.bfloat16).requires_grad_(False),
                 "fp32 sampler (floor)": w.model}

@@ -105,6 +105,20 @@ class WorkerSpec:
     omp_spincount: int = 10000
 
 
+def in_process_worker(spec: WorkerSpec) -> "PolicyWorker":
+    """A `PolicyWorker(spec)` built in the calling process, as rank 0 of 1, with its model loaded (for
+    benchmarks and tests; the trainer makes its workers Ray actors). verl's `Worker` reads its rank and
+    rendezvous from the environment, so this sets WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT (a free
+    port) and WG_BACKEND in `os.environ`; a caller that must restore them saves them first."""
+    from search_r1.net import free_port
+
+    os.environ.update(WORLD_SIZE="1", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                      WG_BACKEND="ray")
+    worker = PolicyWorker(spec)
+    worker.init_model()
+    return worker
+
+
 def arrange_for_dp(batch: DataProto, n_mini_batches: int, world_size: int) -> DataProto:
     """Reorder rows so that rank r's k-th local mini-batch is the r-th slice of global mini-batch k.
 

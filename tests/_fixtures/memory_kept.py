@@ -27,7 +27,6 @@ def main(mode: str) -> None:
     import torch
 
     from search_r1.models import release_memory, reuse_freed_memory
-    from search_r1.net import free_port
     from search_r1.procmem import tree_memory
 
     def rss_mb() -> float:
@@ -36,10 +35,9 @@ def main(mode: str) -> None:
     if mode == "reuse":
         assert reuse_freed_memory()
     elif mode in ("worker", "worker-off"):
-        os.environ.update(WORLD_SIZE="1", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WG_BACKEND="ray")
-        from search_r1.trainer.workers import PolicyWorker, WorkerSpec
+        from search_r1.trainer.workers import WorkerSpec, in_process_worker
 
-        PolicyWorker(WorkerSpec(model_name="tiny-random-qwen3", reuse_freed_memory=mode == "worker")).init_model()
+        in_process_worker(WorkerSpec(model_name="tiny-random-qwen3", reuse_freed_memory=mode == "worker"))
     release_memory()
     start = rss_mb()
     torch.ones(25_000_000).sum()  # 100 MB touched and freed (a micro-batch's fp32 logits are 98 MB)

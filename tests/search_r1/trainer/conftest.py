@@ -4,26 +4,17 @@ import os
 
 import pytest
 
-from search_r1.net import free_port
-
 
 @pytest.fixture
 def local_worker_factory():
-    """Build PolicyWorker(spec) in-process as rank 0 of 1 (verl's Worker reads these env vars)."""
-    from search_r1.trainer.workers import PolicyWorker
+    """`workers.in_process_worker`: PolicyWorker(spec) in-process as rank 0 of 1; the rank variables it sets
+    are restored afterwards."""
+    from search_r1.trainer.workers import in_process_worker
 
     keys = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "WG_BACKEND", "LOCAL_RANK",
             "LOCAL_WORLD_SIZE", "REDIS_STORE_SERVER_HOST")
     saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update(WORLD_SIZE="1", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                      WG_BACKEND="ray")
-
-    def make(spec):
-        worker = PolicyWorker(spec)
-        worker.init_model()
-        return worker
-
-    yield make
+    yield in_process_worker
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
