@@ -346,6 +346,12 @@ class TrainerConfig:
     test_freq: int = 10
     # Validate once before the first step.
     val_before_train: bool = True
+    # Wall-time budget of the run in minutes, counted from the trainer's start (warm-start included);
+    # 0 = none. No GRPO step starts that, with the final validation after it, would end past the
+    # budget (each estimated from this run: its slowest step so far, its first validation); the run
+    # then validates and saves at the step reached, says so, and resumes from there like any run.
+    # For a fixed-time demo (scripts/demo.sh) or a scheduler's time limit.
+    time_budget_minutes: float = 0.0
     # Who samples the greedy validation: rollout (the training sampler, rollout.backend) | hf (the
     # workers' HFGenerator on the policy). With rollout.backend=vllm, greedy dev EM moved by 2 of 32
     # questions between two runs of the same model (the server's batching); hf repeats exactly on one
@@ -405,6 +411,7 @@ class TrainerConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "loggers", tuple(self.loggers))
+        _check_range("trainer.time_budget_minutes", self.time_budget_minutes, 0)
         for key in ("total_steps", "batch_size", "mini_batch_size", "ppo_epochs", "micro_batch_size",
                     "val_batch_size", "keep_last", "n_workers", "threads_per_worker", "alarm_window"):
             _check_range(f"trainer.{key}", getattr(self, key), 1)
@@ -449,6 +456,10 @@ class WarmstartConfig:
     # Share of two-hop questions among them (search format: they search twice, so rollout.max_turns
     # must be >= 2); the rest are single-hop.
     two_hop_share: float = 0.0
+    # Share answered from memory without a search, under the same search prompt (search format only):
+    # the warm-started model then searches on some questions only, and GRPO can learn from the reward
+    # that searching pays (scripts/demo.sh). 0 = every demonstration searches.
+    no_search_share: float = 0.0
     # Response format taught: search (the protocol of data.protocol) | no_search | rag (the eval's
     # --no-search / --rag baselines, each warm-started in its own format).
     format: str = "search"
@@ -464,6 +475,15 @@ class WarmstartConfig:
             _check_range(f"warmstart.{key}", getattr(self, key), 1)
         _check_range("warmstart.lr", self.lr, 0, lo_open=True)
         _check_range("warmstart.two_hop_share", self.two_hop_share, 0.0, 1.0)
+        _check_range("warmstart.no_search_share", self.no_search_share, 0.0, 1.0)
+        if self.no_search_share and self.format != "search":
+            raise _fail("warmstart.no_search_share", self.no_search_share,
+                        f"0 with warmstart.format={self.format} (it only mixes into search demonstrations)",
+                        "set warmstart.no_search_share=0 or warmstart.format=search")
+        if self.two_hop_share + self.no_search_share > 1.0:
+            raise _fail("warmstart.no_search_share", self.no_search_share,
+                        f"at most 1 - warmstart.two_hop_share = {1 - self.two_hop_share}",
+                        "lower warmstart.no_search_share or warmstart.two_hop_share")
         _check_choice("warmstart.format", self.format, WARMSTART_FORMATS)
         _check_choice("warmstart.lr_schedule", self.lr_schedule, WARMSTART_LR_SCHEDULES)
         _check_choice("warmstart.batching", self.batching, WARMSTART_BATCHINGS)

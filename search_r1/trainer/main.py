@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,7 +218,7 @@ def warm_start(cfg: TrainConfig, data: DataPaths, search_engine, url: str | None
     kwargs = dict(steps=w.steps, batch_size=w.batch_size, lr=w.lr, n_examples=w.n_examples, seed=w.seed,
                   max_obs_length=cfg.rollout.max_obs_length, max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
                   protocol=cfg.data.protocol, fmt=w.format, two_hop_share=w.two_hop_share, lr_schedule=w.lr_schedule,
-                  batching=w.batching,
+                  batching=w.batching, no_search_share=w.no_search_share,
                   compute_dtype=resolve_dtypes(cfg).model.compute_dtype,
                   threads=cfg.trainer.threads_per_worker)
     files = warmstart_files(cfg, data)
@@ -291,6 +292,7 @@ def run(cfg: TrainConfig, search_engine=None) -> dict:
     from search_r1.trainer.ray_trainer import RayGRPOTrainer
     from search_r1.trainer.workers import create_worker_group, shutdown_worker_group
 
+    started_at = time.monotonic()  # trainer.time_budget_minutes counts from here (warm-start included)
     check_paths(cfg)
     check_cores(cfg)
     cfg = resolve_dtypes(cfg)
@@ -346,7 +348,8 @@ def run(cfg: TrainConfig, search_engine=None) -> dict:
             rollout.start()
         trainer = RayGRPOTrainer(cfg, tokenizer, group, search_engine, loader, val_ds, logger,
                                  checkpoint_root=out / "checkpoints", rollout=rollout,
-                                 anchor=anchor_demos(cfg, data, search_engine, tokenizer))
+                                 anchor=anchor_demos(cfg, data, search_engine, tokenizer),
+                                 started_at=started_at)
         summary = trainer.fit()
     metrics_path = out / "metrics.jsonl"
     plot_path = out / "training_curves.png"

@@ -69,6 +69,23 @@ def timed(timing: dict, name: str):
         timing[name] = timing.get(name, 0.0) + time.perf_counter() - t0
 
 
+# trainer.time_budget_minutes's clock (a module attribute, so a scripted test can drive it)
+_clock = time.monotonic
+
+
+def budget_stop_reason(budget_s: float, elapsed_s: float, step_s: float, val_s: float) -> str | None:
+    """Why the next step must not start under a wall-time budget, or None when it fits.
+
+    It fits when elapsed_s + step_s + val_s <= budget_s: the step (estimated by the run's slowest so
+    far, 0 before the first) and the final validation after it (estimated by the run's first one) end
+    inside the budget. budget_s = 0 means no budget.
+    """
+    if budget_s <= 0 or elapsed_s + step_s + val_s <= budget_s:
+        return None
+    return (f"{elapsed_s / 60:.1f} min spent, a step takes up to {step_s:.0f} s and the final validation "
+            f"about {val_s:.0f} s: together past the {budget_s / 60:g} min budget")
+
+
 def _mean(xs) -> float:
     xs = list(xs)
     return float(np.mean(xs)) if xs else 0.0
@@ -90,8 +107,11 @@ class RayGRPOTrainer:
 
     def __init__(self, config: TrainConfig, tokenizer, worker_group, search_engine, train_loader,
                  val_dataset, metrics_logger=None, checkpoint_root: str | Path | None = None, rollout=None,
-                 anchor: list | None = None):
+                 anchor: list | None = None, started_at: float | None = None):
         self.cfg = config
+        # the wall clock of trainer.time_budget_minutes (time.monotonic(); the caller's start, e.g.
+        # before its warm-start, or this trainer's construction)
+        self.started_at = _clock() if started_at is None else started_at
         self.tokenizer = tokenizer
         self.wg = worker_group
         self.search_engine = search_engine
@@ -157,11 +177,21 @@ class RayGRPOTrainer:
             self.save_checkpoint(0)
         bar = tqdm(desc="GRPO", unit="step", initial=start, total=t.total_steps, dynamic_ncols=True)
         step = start
+        slowest_step = 0.0
         while step < t.total_steps:
+            val_s = next((h["timing/validate"] for h in self.history if "timing/validate" in h), 0.0)
+            reason = budget_stop_reason(60 * t.time_budget_minutes, _clock() - self.started_at,
+                                        slowest_step, val_s)
+            if reason:
+                bar.write(f"[trainer] time budget: stopping after step {step} of {t.total_steps} "
+                          f"(trainer.time_budget_minutes={t.time_budget_minutes:g}: {reason})")
+                summary["time_budget_stop"] = step
+                break
             step += 1
             self.global_step = step
             batch = self.train_loader.next_batch()
             metrics = self.train_step(batch, step)
+            slowest_step = max(slowest_step, metrics.get("timing/step", 0.0))
             if t.test_freq and step % t.test_freq == 0 and step != t.total_steps:
                 metrics.update(self.validate(step))
             if t.on_alarm == "rollback":
@@ -178,6 +208,10 @@ class RayGRPOTrainer:
                 bar.n = step
                 bar.refresh()
         bar.close()
+        if t.time_budget_minutes and "time_budget_stop" not in summary:
+            tqdm.write(f"[trainer] time budget: all {t.total_steps} steps fit in trainer.time_budget_minutes="
+                       f"{t.time_budget_minutes:g} ({(_clock() - self.started_at) / 60:.1f} min spent before the "
+                       f"final validation)")
         if self.global_step or start:
             final_step = max(self.global_step, start)
             summary["val_after"] = self._log(self.validate(final_step), step=final_step)

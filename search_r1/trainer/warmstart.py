@@ -77,7 +77,9 @@ THINK_FIRST_TWO_HOP = "<think> Two steps: first look up {subject}. </think>\n"
 THINK_BRIDGE = "<think> Now look up {bridge}. </think>\n"
 THINK_ANSWER = {"search": "<think> The passages give the answer. </think>\n",
                 "no_search": "<think> I answer from what I know. </think>\n",
-                "rag": "<think> The documents give the answer. </think>\n"}
+                "rag": "<think> The documents give the answer. </think>\n",
+                # the no_search answer under the run's own search prompt (warmstart.no_search_share)
+                "memory": "<think> I answer from what I know. </think>\n"}
 ANSWER = "<answer> {answer} </answer>"
 
 
@@ -164,7 +166,7 @@ class _DemoWriter:
     def prompts(self, rows: list[dict]) -> list[list[int]]:
         from search_r1.prompts import apply_chat_template, baseline_messages, rag_documents
 
-        if self.fmt == "search":
+        if self.fmt in ("search", "memory"):
             return [apply_chat_template(self.tok, r["messages"]) for r in rows]
         docs = [None] * len(rows)
         if self.fmt == "rag":  # the eval's RAG context: the question's passages, the observation budget
@@ -230,10 +232,16 @@ class _DemoWriter:
 
 def build_demos(tokenizer, search_engine, train_files, n_examples: int, seed: int, max_obs_length: int,
                 max_tokens_per_turn: int, protocol: str = "tags", fmt: str = "search",
-                two_hop_share: float = 0.0) -> list[Demo]:
+                two_hop_share: float = 0.0, no_search_share: float = 0.0) -> list[Demo]:
     """Up to `n_examples` demonstrations in format `fmt` (see the module docstring), of which
-    round(two_hop_share * n_examples) two-hop; deterministic for a seed. The list interleaves the two
-    kinds in the order drawn.
+    round(two_hop_share * n_examples) two-hop; deterministic for a seed. The list interleaves the kinds
+    in the order drawn.
+
+    no_search_share (search format only): that share of the demonstrations are single-hop questions
+    under the same search prompt answered without a search, from memory (the no_search format's
+    answer). A model warm-started so searches on some questions only; GRPO can then learn from the
+    reward that searching pays (the demo's recipe). Drawn from the other end of the shuffled
+    single-hop pool, so no question is taught both ways.
 
     Raises ValueError naming the fix when none qualify (no usable rows, turns longer than the
     per-turn cap, or the retriever never shows the evidence), or for an unknown format or protocol.
@@ -243,13 +251,23 @@ def build_demos(tokenizer, search_engine, train_files, n_examples: int, seed: in
     check_protocol(protocol)
     if fmt not in FORMATS:
         raise ValueError(f"warmstart.format={fmt!r} is invalid: allowed {list(FORMATS)}. Fix: set warmstart.format")
-    if not 0.0 <= two_hop_share <= 1.0:
-        raise ValueError(f"warmstart.two_hop_share={two_hop_share!r} is invalid: allowed a number in [0, 1]")
+    for name, share in (("two_hop_share", two_hop_share), ("no_search_share", no_search_share)):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"warmstart.{name}={share!r} is invalid: allowed a number in [0, 1]")
+    if no_search_share and fmt != "search":
+        raise ValueError(f"warmstart.no_search_share={no_search_share} needs warmstart.format=search (got "
+                         f"{fmt!r}). Fix: set warmstart.no_search_share=0")
+    if two_hop_share + no_search_share > 1.0:
+        raise ValueError(f"warmstart.two_hop_share + warmstart.no_search_share = {two_hop_share + no_search_share} "
+                         f"> 1. Fix: lower one of them")
     rows = _train_rows(train_files)
     n_two = round(two_hop_share * n_examples)
-    quota = {1: n_examples - n_two, 2: n_two}
+    n_memory = round(no_search_share * n_examples)
+    # (format, hops) -> demonstrations wanted
+    quota = {(fmt, 1): n_examples - n_two - n_memory, (fmt, 2): n_two, ("memory", 1): n_memory}
     pools = {h: [r for r in rows if r["hops"] == h] for h in (1, 2)}
-    missing = [f"{'single' if h == 1 else 'two'}-hop" for h in (1, 2) if quota[h] and not pools[h]]
+    missing = [f"{'single' if h == 1 else 'two'}-hop" for h in (1, 2)
+               if any(q and k[1] == h for k, q in quota.items()) and not pools[h]]
     if missing:
         raise ValueError(f"no {' or '.join(missing)} rows in {list(map(str, train_files))} to build warm-start "
                          f"demonstrations from (two-hop rows need extra_info.bridge and follow_up, which the "
@@ -258,25 +276,31 @@ def build_demos(tokenizer, search_engine, train_files, n_examples: int, seed: in
     rng = random.Random(seed)
     for h in (1, 2):
         rng.shuffle(pools[h])
-    writer = _DemoWriter(tokenizer, search_engine, protocol, fmt, max_obs_length, max_tokens_per_turn)
+    pool_of = {(fmt, 1): pools[1], (fmt, 2): pools[2], ("memory", 1): pools[1][::-1]}
+    writers = {f: _DemoWriter(tokenizer, search_engine, protocol, f, max_obs_length, max_tokens_per_turn)
+               for f in {fmt, "memory"}}
+    drawn = dict.fromkeys(quota, 0)
     demos: list[Demo] = []
     chunk = max(8, 2 * n_examples)
     for start in range(0, max(map(len, pools.values())), chunk):
-        for h in (1, 2):
-            need = quota[h] - sum(d.hops == h for d in demos)
-            if need > 0 and pools[h][start:start + chunk]:
-                demos += writer.write(pools[h][start:start + chunk])[:need]
-        if all(sum(d.hops == h for d in demos) >= quota[h] for h in (1, 2)):
+        for kind, want in quota.items():
+            rows_now = pool_of[kind][start:start + chunk]
+            if want > drawn[kind] and rows_now:
+                new = writers[kind[0]].write(rows_now)[:want - drawn[kind]]
+                demos += new
+                drawn[kind] += len(new)
+        if all(drawn[k] >= q for k, q in quota.items()):
             break
+    stats = writers[fmt].stats
     if not demos:
-        raise ValueError(f"no warm-start demonstration qualified ({writer.stats}). Fix: raise "
+        raise ValueError(f"no warm-start demonstration qualified ({stats}). Fix: raise "
                          f"rollout.max_tokens_per_turn (turns must fit) or rollout.max_obs_length / "
                          f"retriever.topk (the evidence must be in the observation), or set "
                          f"warmstart.enabled=false")
-    # one order for both kinds, so a batch mixes them
+    # one order for every kind, so a batch mixes them
     random.Random(seed + 1).shuffle(demos)
-    log.info("warm-start demonstrations (%s): %d single-hop, %d two-hop kept, skipped %s", fmt,
-             sum(d.hops == 1 for d in demos), sum(d.hops == 2 for d in demos), writer.stats)
+    log.info("warm-start demonstrations (%s): %d single-hop, %d two-hop, %d from memory kept, skipped %s", fmt,
+             drawn[(fmt, 1)], drawn[(fmt, 2)], drawn[("memory", 1)], stats)
     return demos
 
 
@@ -530,7 +554,7 @@ def train_and_save(model_name: str, tokenizer, demos: list[Demo], target: Path, 
 def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int, batch_size: int, lr: float,
                      n_examples: int, seed: int, max_obs_length: int, max_tokens_per_turn: int,
                      protocol: str = "tags", fmt: str = "search", two_hop_share: float = 0.0,
-                     compute_dtype: str = "bfloat16", threads: int = 2, lr_schedule: str = "constant",
+                     no_search_share: float = 0.0, compute_dtype: str = "bfloat16", threads: int = 2, lr_schedule: str = "constant",
                      batching: str = "shuffled", cache_root: Path | None = None,
                      progress: bool = True) -> tuple[Path, dict]:
     """Path of the warm-started HF directory (built now or reused) and its meta dict."""
@@ -539,7 +563,7 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
 
     tokenizer = load_tokenizer(model_name)
     demos = build_demos(tokenizer, search_engine, train_files, n_examples, seed, max_obs_length,
-                        max_tokens_per_turn, protocol, fmt, two_hop_share)
+                        max_tokens_per_turn, protocol, fmt, two_hop_share, no_search_share)
     settings = dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, compute_dtype=compute_dtype, format=fmt,
                     two_hop_share=two_hop_share)
     # Knobs added later enter the key only when set away from their default, so the warm-starts cached
@@ -548,6 +572,8 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
         settings["lr_schedule"] = lr_schedule
     if batching != "shuffled":
         settings["batching"] = batching
+    if no_search_share:
+        settings["no_search_share"] = no_search_share
     key = settings_key(model_name, demos, **settings)
     target = (Path(cache_root) if cache_root is not None else home() / "warmstart") / key
     meta = reused(target, "warmstart")
@@ -559,7 +585,7 @@ def ensure_warmstart(model_name: str, search_engine, train_files, *, steps: int,
     print(f"[warmstart] SFT on {len(demos)} format demonstrations, {steps} steps x {batch_size}, "
           f"lr {lr} ({lr_schedule}), {batching} batches", flush=True)
     meta = {"format_version": FORMAT_VERSION, "base_model": model_name, "n_demos": len(demos),
-            **settings, "lr_schedule": lr_schedule, "batching": batching,
+            **settings, "lr_schedule": lr_schedule, "batching": batching, "no_search_share": no_search_share,
             "max_obs_length": max_obs_length, "max_tokens_per_turn": max_tokens_per_turn,
             "example": demos[0].response_text}
     meta = train_and_save(model_name, tokenizer, demos, target, meta, threads=threads, label="warmstart",

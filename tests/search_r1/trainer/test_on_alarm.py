@@ -151,3 +151,44 @@ def test_rollback_without_an_old_enough_checkpoint_stops_with_the_fix(tmp_path):
     t, group = make_trainer(tmp_path, drift_at_4, on_alarm="rollback", keep_last=1)
     with pytest.raises(AlarmStop, match=r"no checkpoint at or before step 2 .*raise trainer.keep_last"):
         t.fit()
+
+
+def test_time_budget_stops_before_a_step_that_would_end_past_it(tmp_path, monkeypatch, capsys):
+    """Scripted clock: the first validation takes 100 s, each step 60 s; a 5-minute budget fits step
+    1 (100 + 60 + 100 = 260 s with the final validation) but not step 2 (160 + 60 + 100 = 320 s)."""
+    from search_r1.trainer import ray_trainer
+
+    now = [0.0]
+    monkeypatch.setattr(ray_trainer, "_clock", lambda: now[0])
+    t, group = make_trainer(tmp_path, drift_at_4, time_budget_minutes=5, val_before_train=True, save_freq=0,
+                            kl_alarm=0)
+    scripted_step = t.train_step
+
+    def step(batch, i):
+        now[0] += 60
+        return {**scripted_step(batch, i), "timing/step": 60.0}
+
+    def validate(step=0):
+        now[0] += 100
+        return {"timing/validate": 100.0}
+
+    t.train_step, t.validate = step, validate
+    summary = t.fit()
+    assert summary["time_budget_stop"] == 1
+    assert [h["step"] for h in summary["history"]] == [0, 1, 1]  # before, step 1, the final validation
+    assert [s for s, _ in CheckpointManager(tmp_path / "checkpoints", keep_last=None).checkpoints()] == [1]
+    out = capsys.readouterr()
+    assert ("time budget: stopping after step 1 of 6 (trainer.time_budget_minutes=5: 2.7 min spent, a step "
+            "takes up to 60 s and the final validation about 100 s") in out.out + out.err
+    # no budget: every step
+    now[0] = 0.0
+    t2, _ = make_trainer(tmp_path / "free", drift_at_4, kl_alarm=0)
+    assert "time_budget_stop" not in t2.fit() and t2.global_step == 6
+
+
+def test_budget_stop_reason_is_the_sum_against_the_budget():
+    from search_r1.trainer.ray_trainer import budget_stop_reason
+
+    assert budget_stop_reason(0, 1e9, 1e9, 1e9) is None  # no budget
+    assert budget_stop_reason(300, 100, 100, 100) is None  # exactly at the budget still fits
+    assert "past the 5 min budget" in budget_stop_reason(300, 100, 100, 101)

@@ -94,6 +94,37 @@ def test_two_hop_demos_search_the_bridge_then_its_attribute(tokenizer, client, s
         assert policy.count("<search>") == 2 and "<information>" not in policy
 
 
+def test_no_search_share_answers_some_questions_from_memory_under_the_search_prompt(tokenizer, client, synth_world):
+    from search_r1.prompts import apply_chat_template
+
+    import pandas as pd
+
+    prompts = {r["question"]: apply_chat_template(tokenizer, list(r["prompt"]))
+               for r in pd.read_parquet(synth_world / "train.parquet").to_dict("records")}
+    demos = build_demos(tokenizer, client, [synth_world / "train.parquet"], n_examples=8, seed=0,
+                        max_obs_length=OBS, max_tokens_per_turn=TURN, no_search_share=0.25)
+    memory = [d for d in demos if "<search>" not in d.response_text]
+    searched = [d for d in demos if "<search>" in d.response_text]
+    assert len(memory) == 2 and len(searched) == 6
+    assert not {d.question for d in memory} & {d.question for d in searched}  # no question taught both ways
+    for d in demos:  # every kind under the run's own search prompt, at the full seed reward
+        assert list(d.input_ids[: d.prompt_length]) == prompts[d.question]
+        assert compute_reward(d.response_text, list(d.golden_answers)) == 2.5
+    for d in memory:
+        assert d.response_text.startswith("<think> I answer from what I know. </think>")
+        assert all(d.loss_mask[d.prompt_length:])
+    # the searched ones are the same demonstrations the share-free call draws first
+    plain = build_demos(tokenizer, client, [synth_world / "train.parquet"], n_examples=6, seed=0,
+                        max_obs_length=OBS, max_tokens_per_turn=TURN)
+    assert sorted(d.question for d in searched) == sorted(d.question for d in plain)
+    with pytest.raises(ValueError, match="no_search_share.*format=search"):
+        build_demos(tokenizer, client, [synth_world / "train.parquet"], 4, 0, OBS, TURN, fmt="rag",
+                    no_search_share=0.5)
+    with pytest.raises(ValueError, match="> 1. Fix"):
+        build_demos(tokenizer, client, [synth_world / "train.parquet"], 4, 0, OBS, TURN, two_hop_share=0.5,
+                    no_search_share=0.75)
+
+
 @pytest.mark.parametrize("fmt", ["no_search", "rag"])
 def test_baseline_demos_use_the_eval_prompt_and_answer_in_one_turn(fmt, tokenizer, client, synth_world):
     from search_r1.prompts import apply_chat_template, baseline_messages, rag_documents
