@@ -22,6 +22,7 @@ import re
 import sys
 
 from search_r1.evaluation.compare import SINGLE_HOP, TWO_HOP, Run, changed, count_flips, run_stats
+from search_r1.protocol import invalid_action_observation
 
 _INFO_RE = re.compile(r"<information>.*?</information>", re.DOTALL)
 _SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL)
@@ -34,8 +35,9 @@ ROWS = (("em", None, "EM (exact match)"), ("em", SINGLE_HOP, "EM, single-hop que
 
 def trajectory(record: dict) -> tuple[list[str], str | None]:
     """(search queries in order, final answer) of a validation record's response text; retrieved
-    passages are skipped, so a query quoted inside a passage is not taken for the model's."""
-    policy = _INFO_RE.sub(" ", record.get("response", ""))
+    passages and the environment's invalid-action reminder (which quotes "<search> and </search>")
+    are skipped, so only the model's own actions count."""
+    policy = _INFO_RE.sub(" ", record.get("response", "")).replace(invalid_action_observation("tags").strip(), " ")
     answers = _ANSWER_RE.findall(policy)
     return [q.strip() for q in _SEARCH_RE.findall(policy)], (answers[-1].strip() if answers else None)
 
@@ -79,7 +81,9 @@ def report(run_dir, examples: int = 3) -> list[str]:
                   f"|gained - lost| against 2 x sqrt(gained + lost) = {2 * math.sqrt(gained + lost):.1f}). For "
                   f"scale, EM on {n} other questions would vary by about {se:.3f} (one binomial standard error)."]
     if flips:
-        ordered = [p for p in flips if p[1]["em"] > p[0]["em"]] + [p for p in flips if p[1]["em"] < p[0]["em"]]
+        # gains first; within each, the questions where the model searched differently first (what a
+        # run learned about searching shows there, not only in the answer)
+        ordered = sorted(flips, key=lambda p: (p[1]["em"] < p[0]["em"], p[1]["searches"] == p[0]["searches"]))
         lines += ["", "Examples of questions whose answer changed:"]
         for b, a in ordered[:examples]:
             lines += [f"  {'+' if a['em'] > b['em'] else '-'} {a['question']!r} (gold {a['golden_answers'][0]!r})",
@@ -91,7 +95,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("run_dir", help="a training run's output directory (trainer.output_dir), with val_predictions.jsonl")
-    p.add_argument("--examples", type=int, default=3, help="changed questions to show, gains first (default 3)")
+    p.add_argument("--examples", type=int, default=3,
+                   help="changed questions to show, gains first, those searched differently first (default 3)")
     args = p.parse_args(argv)
     try:
         lines = report(args.run_dir, args.examples)

@@ -32,6 +32,11 @@ def test_trajectory_reads_queries_and_answer_but_not_text_inside_passages():
                 + _turn("where is Y") + "<answer> Paris </answer>")
     assert trajectory({"response": response}) == (["who founded X", "where is Y"], "Paris")
     assert trajectory({"response": "<think> hmm"}) == ([], None)
+    # the environment's reminder after an invalid action quotes the tags; it is not the model's action
+    from search_r1.protocol import invalid_action_observation
+
+    looped = "<think> Look up X. </think>" + invalid_action_observation("tags") + "<think> Look up X."
+    assert trajectory({"response": looped}) == ([], None)
 
 
 @pytest.mark.parametrize("gained, lost, beyond", [(3, 2, False), (10, 0, True), (8, 2, False), (12, 2, True),
@@ -63,6 +68,17 @@ def test_report_table_noise_and_examples(tmp_path):
     assert examples[4].endswith("no search -> answered 'guess c' (wrong)")
     assert len(examples) == 9  # 3 examples x 3 lines; the third is the loss
     assert examples[6].startswith("  - 'question b?'")
+
+
+def test_examples_show_a_change_in_searching_before_a_change_in_the_answer_only(tmp_path):
+    before = [_record(0, "a", 0, _turn("a?", "wrong a")), _record(0, "b", 0, _turn(answer="guess b")),
+              _record(0, "c", 1, _turn("c?", "gold c")), _record(0, "d", 1, _turn("d?", "gold d"))]
+    after = [_record(5, "a", 1, _turn("a?", "gold a")), _record(5, "b", 1, _turn("b?", "gold b")),
+             _record(5, "c", 0, _turn("c?", "wrong c")), _record(5, "d", 0, _turn(answer="guess d"))]
+    text = "\n".join(report(_write(tmp_path, before, after), examples=4))
+    shown = [line.split("'")[1] for line in text.splitlines() if line.startswith(("  + ", "  - "))]
+    # gains, then losses; inside each, the one whose searches changed first
+    assert shown == ["question b?", "question a?", "question d?", "question c?"]
 
 
 def test_one_validation_is_named_not_a_traceback(tmp_path, capsys):
