@@ -77,9 +77,9 @@ THINK_FIRST_TWO_HOP = "<think> Two steps: first look up {subject}. </think>\n"
 THINK_BRIDGE = "<think> Now look up {bridge}. </think>\n"
 THINK_ANSWER = {"search": "<think> The passages give the answer. </think>\n",
                 "no_search": "<think> I answer from what I know. </think>\n",
-                "rag": "<think> The documents give the answer. </think>\n",
-                # the no_search answer under the run's own search prompt (warmstart.no_search_share)
-                "memory": "<think> I answer from what I know. </think>\n"}
+                "rag": "<think> The documents give the answer. </think>\n"}
+# the no_search answer under the run's own search prompt (warmstart.no_search_share)
+THINK_ANSWER["memory"] = THINK_ANSWER["no_search"]
 ANSWER = "<answer> {answer} </answer>"
 
 
