@@ -17,7 +17,7 @@
 #      their searches before and after (python -m search_r1.evaluation.before_after).
 # Time: DEMO_MINUTES (20) in all. The trainer measures this machine as it goes (its slowest step, its
 # first validation) and starts no step that would end, with the final validation, past the budget
-# (trainer.time_budget_minutes); it says so when it stops early. About 16-18 minutes on an AVX2-only
+# (trainer.time_budget_minutes); it says so when it stops early. About 15-19 minutes on an AVX2-only
 # AMD EPYC in float32 (docs/results/demo.md has the measured runs and CPU kinds). Resources: 2 CPU
 # cores, < 8 GB RAM. Extra arguments are Hydra overrides (e.g. `bash scripts/demo.sh trainer.seed=1`).
 # The run directory is outputs/demo, replaced by every demo run (scripts/train_grpo.sh resumes runs).
